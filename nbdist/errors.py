@@ -1,0 +1,65 @@
+"""Errors raised by nbdist: each is an `NbdistError` and a Python builtin.
+
+Every message says what happened, the value seen and the fix, in public-API terms.
+Imports nothing from nbdist.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "NbdistError",
+    "ReplicaError",
+    "ReplicaReleasedError",
+    "StrategyMixingError",
+    "ClusterConfigError",
+]
+
+
+class NbdistError(Exception):
+    """Base class of every error nbdist raises on purpose.
+
+    Example:
+        >>> try:
+        ...     raise CollectiveTimeoutError("replica 1 did not arrive")
+        ... except NbdistError as err:
+        ...     isinstance(err, TimeoutError)
+        True
+    """
+
+
+class StrategyMixingError(NbdistError, RuntimeError):
+    """A second, different strategy was entered while one is active."""
+
+
+class ReplicaError(NbdistError, RuntimeError):
+    """An exception raised inside one replica of `Strategy.run`, re-raised with its replica id.
+
+    The original exception is chained as `__cause__` and kept in `.original`.
+    """
+
+    def __init__(self, message: str, *, replica_id: int, original: BaseException | None = None):
+        super().__init__(message)
+        self.replica_id = replica_id
+        self.original = original
+
+
+class ReplicaReleasedError(NbdistError, RuntimeError):
+    """A replica waiting in a collective was released because another replica failed or left."""
+
+
+class CollectiveTimeoutError(NbdistError, TimeoutError):
+    """A collective did not complete in time; the message names the replicas that never arrived."""
+
+    def __init__(self, message: str, *, missing: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.missing = missing
+
+
+class CollectiveMismatchError(NbdistError, ValueError):
+    """Replicas called different collectives, or with different shapes or dtypes, at one step."""
+
+
+class ClusterConfigError(NbdistError, ValueError):
+    """A cluster description (TF_CONFIG, torchrun or Slurm variables, a ClusterSpec) is malformed."""
