@@ -1,0 +1,130 @@
+"""The current strategy and replica context, held in `contextvars` (no global singletons).
+
+Cross-replica context: inside `strategy.scope()`, outside `run`. Replica context: inside the
+function given to `strategy.run`. Outside every scope the default strategy answers. This module
+stores state only; strategies create the objects it holds. Imports nothing from nbdist but errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from nbdist.errors import StrategyMixingError
+
+if TYPE_CHECKING:
+    from nbdist.reduce import ReduceOp
+    from nbdist.strategies.base import ReplicaContext, Strategy
+
+__all__ = [
+    "current_replica_context",
+    "current_scope_strategy",
+    "enter_replica_context",
+    "enter_strategy",
+    "in_update_context",
+    "update_context",
+]
+
+# The strategy whose scope is active (None: the default strategy answers).
+_scope_strategy: contextvars.ContextVar[Strategy | None] = contextvars.ContextVar(
+    "nbdist_scope_strategy", default=None
+)
+# The replica context inside `run` (None: cross-replica, or outside every scope).
+_replica_context: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar(
+    "nbdist_replica_context", default=None
+)
+# True while `extended.update` runs its function.
+_update: contextvars.ContextVar[bool] = contextvars.ContextVar("nbdist_update", default=False)
+# The strategy made current with `experimental_set_strategy` (outside any `with`).
+_set_strategy: contextvars.ContextVar[Strategy | None] = contextvars.ContextVar(
+    "nbdist_set_strategy", default=None
+)
+_loss_reduction: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "nbdist_loss_reduction", default=None
+)
+
+
+def current_scope_strategy() -> Strategy | None:
+    """The strategy whose scope (or `experimental_set_strategy`) is active, else None."""
+    return _scope_strategy.get() or _set_strategy.get()
+
+
+def current_replica_context() -> ReplicaContext | None:
+    """The replica context of the `run` we are inside, else None."""
+    return _replica_context.get()
+
+
+def in_update_context() -> bool:
+    """True while `StrategyExtended.update` runs its function."""
+    return _update.get()
+
+
+@contextlib.contextmanager
+def enter_strategy(strategy: Strategy) -> Iterator[None]:
+    """Make `strategy` current in cross-replica context (the body of `Strategy.scope`).
+
+    Raises:
+        StrategyMixingError: another, different strategy is already current.
+    """
+    active = current_scope_strategy()
+    if active is not None and active is not strategy:
+        raise StrategyMixingError(
+            f"Mixing different nbdist.Strategy objects: {type(strategy).__name__} was entered "
+            f"while the scope of {type(active).__name__} is active. Leave the first strategy's "
+            "scope (or experimental_set_strategy(None)) before using another one."
+        )
+    strategy_token = _scope_strategy.set(strategy)
+    replica_token = _replica_context.set(None)
+    try:
+        yield
+    finally:
+        _replica_context.reset(replica_token)
+        _scope_strategy.reset(strategy_token)
+
+
+@contextlib.contextmanager
+def enter_replica_context(replica_context: ReplicaContext | None) -> Iterator[None]:
+    """Enter a replica's context (or, with None, cross-replica context for a `merge_call`)."""
+    strategy_token = _scope_strategy.set(
+        replica_context.strategy if replica_context is not None else current_scope_strategy()
+    )
+    replica_token = _replica_context.set(replica_context)
+    try:
+        yield
+    finally:
+        _replica_context.reset(replica_token)
+        _scope_strategy.reset(strategy_token)
+
+
+@contextlib.contextmanager
+def update_context() -> Iterator[None]:
+    """Mark the body as running inside `StrategyExtended.update`."""
+    token = _update.set(True)
+    try:
+        yield
+    finally:
+        _update.reset(token)
+
+
+def set_strategy(strategy: Strategy | None) -> None:
+    """Make `strategy` current without `with` (the body of `experimental_set_strategy`)."""
+    active = _scope_strategy.get()
+    if strategy is not None and active is not None and active is not strategy:
+        raise StrategyMixingError(
+            f"Mixing different nbdist.Strategy objects: experimental_set_strategy("
+            f"{type(strategy).__name__}) was called inside the scope of {type(active).__name__}. "
+            "Leave that scope first."
+        )
+    _set_strategy.set(strategy)
+
+
+def set_loss_reduction(reduction: ReduceOp) -> None:
+    """Record the reduction of the last loss computed (read by `get_loss_reduction`)."""
+    _loss_reduction.set(reduction)
+
+
+def loss_reduction() -> Any:
+    """The last loss reduction recorded, or None."""
+    return _loss_reduction.get()

@@ -1,0 +1,71 @@
+"""`ReduceOp`: how values from several replicas are combined. Imports only nbdist.errors."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+__all__ = ["ReduceOp"]
+
+
+class ReduceOp(enum.Enum):
+    """How a set of per-replica values is combined into one.
+
+    `SUM` and `MEAN` are TensorFlow's; `MAX` and `MIN` are beyond TF. Every nbdist API that takes
+    a reduce op also takes its name, in any case.
+
+    Example:
+        >>> ReduceOp.from_value("mean")
+        <ReduceOp.MEAN: 'MEAN'>
+    """
+
+    SUM = "SUM"
+    MEAN = "MEAN"
+    MAX = "MAX"
+    MIN = "MIN"
+
+    @classmethod
+    def from_value(cls, value: ReduceOp | str) -> ReduceOp:
+        """Return the `ReduceOp` for an op or its name (`"sum"`, `"MEAN"`, ...)."""
+        if isinstance(value, ReduceOp):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper()]
+            except KeyError:
+                pass
+        names = ", ".join(repr(op.value) for op in cls)
+        raise ValueError(
+            f"Unknown reduce op {value!r}; use nbdist.ReduceOp or one of its names: {names}."
+        )
+
+    def combine(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Combine same-shaped tensors element-wise (`MEAN` of integers gives floats)."""
+        if self is ReduceOp.MAX:
+            return _fold(torch.maximum, tensors)
+        if self is ReduceOp.MIN:
+            return _fold(torch.minimum, tensors)
+        total = _fold(torch.add, tensors)
+        if self is ReduceOp.MEAN:
+            if not (total.is_floating_point() or total.is_complex()):
+                total = total.to(torch.get_default_dtype())
+            return total / len(tensors)
+        return total
+
+    def reduce_along(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        """Reduce one tensor along `dim` (the per-replica step of `Strategy.reduce(axis=k)`)."""
+        if self is ReduceOp.MAX:
+            return tensor.amax(dim=dim)
+        if self is ReduceOp.MIN:
+            return tensor.amin(dim=dim)
+        return tensor.sum(dim=dim)
+
+
+def _fold(binary, tensors: list[torch.Tensor]) -> torch.Tensor:
+    result = tensors[0]
+    for other in tensors[1:]:
+        result = binary(result, other)
+    if len(tensors) == 1:
+        result = result.clone()
+    return result
