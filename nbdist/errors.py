@@ -7,13 +7,13 @@ Imports nothing from nbdist.
 from __future__ import annotations
 
 __all__ = [
+    "ClusterConfigError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "NbdistError",
     "ReplicaError",
     "ReplicaReleasedError",
     "StrategyMixingError",
-    "ClusterConfigError",
 ]
 
 
@@ -62,4 +62,4 @@ class CollectiveMismatchError(NbdistError, ValueError):
 
 
 class ClusterConfigError(NbdistError, ValueError):
-    """A cluster description (TF_CONFIG, torchrun or Slurm variables, a ClusterSpec) is malformed."""
+    """A cluster description (TF_CONFIG, torchrun or Slurm variables, ClusterSpec) is malformed."""

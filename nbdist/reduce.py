@@ -46,11 +46,16 @@ class ReduceOp(enum.Enum):
             return _fold(torch.maximum, tensors)
         if self is ReduceOp.MIN:
             return _fold(torch.minimum, tensors)
-        total = _fold(torch.add, tensors)
+        if len(tensors) == 1:
+            total = tensors[0].clone()
+        else:
+            total = torch.add(tensors[0], tensors[1])
+            for other in tensors[2:]:
+                total.add_(other)
         if self is ReduceOp.MEAN:
             if not (total.is_floating_point() or total.is_complex()):
                 total = total.to(torch.get_default_dtype())
-            return total / len(tensors)
+            return total.div_(len(tensors))
         return total
 
     def reduce_along(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:

@@ -30,8 +30,15 @@ class DistributedValues:
         (tensor(1.), tensor(2.))
     """
 
-    def __init__(self, values: Sequence[Any], *, replica_ids: Sequence[int] | None = None):
+    def __init__(
+        self,
+        values: Sequence[Any],
+        *,
+        replica_ids: Sequence[int] | None = None,
+        devices: Sequence[str] | None = None,
+    ):
         self._values = tuple(values)
+        self._devices = tuple(devices) if devices is not None else None
         if not self._values:
             raise ValueError(f"{type(self).__name__} needs at least one component, got none.")
         ids = tuple(range(len(self._values))) if replica_ids is None else tuple(replica_ids)
@@ -43,6 +50,11 @@ class DistributedValues:
     def values(self) -> tuple[Any, ...]:
         """The components, in replica order."""
         return self._values
+
+    @property
+    def devices(self) -> tuple[str, ...] | None:
+        """The device of each component, when known (values made by a strategy know them)."""
+        return self._devices
 
     @property
     def replica_ids(self) -> tuple[int, ...]:
@@ -62,11 +74,11 @@ class DistributedValues:
         return f"{type(self).__name__}:{{{inner}}}"
 
     def __reduce__(self):
-        return (_rebuild, (type(self), self._values, self._replica_ids))
+        return (_rebuild, (type(self), self._values, self._replica_ids, self._devices))
 
 
-def _rebuild(cls, values, replica_ids):
-    return cls(values, replica_ids=replica_ids)
+def _rebuild(cls, values, replica_ids, devices=None):
+    return cls(values, replica_ids=replica_ids, devices=devices)
 
 
 _NOT_A_TENSOR = (
@@ -190,8 +202,8 @@ for _name, _symbol in _BINARY.items():
 for _name in ("neg", "pos", "abs", "invert"):
     setattr(PerReplica, f"__{_name}__", _refuse(_name))
     setattr(Mirrored, f"__{_name}__", _delegate(getattr(operator, _name)))
-setattr(PerReplica, "__getitem__", _refuse("[]"))
-setattr(Mirrored, "__getitem__", _delegate(operator.getitem))
+PerReplica.__getitem__ = _refuse("[]")
+Mirrored.__getitem__ = _delegate(operator.getitem)
 
 
 def _is_distributed_variable(value: Any) -> bool:
@@ -219,7 +231,13 @@ def select_replica(local_index: int, structure: Any, *, unwrap_variables: bool =
     return pytree.tree_map(pick, structure, is_leaf=lambda v: isinstance(v, DistributedValues))
 
 
-def regroup(per_replica: Sequence[Any], *, replica_ids: Sequence[int] | None = None) -> Any:
+def regroup(
+    per_replica: Sequence[Any],
+    *,
+    replica_ids: Sequence[int] | None = None,
+    devices: Sequence[str] | None = None,
+    kind: type[DistributedValues] | None = None,
+) -> Any:
     """Merge the replicas' nested results leaf by leaf.
 
     A leaf that is the identical object on every replica is returned as itself; otherwise the
@@ -253,7 +271,9 @@ def regroup(per_replica: Sequence[Any], *, replica_ids: Sequence[int] | None = N
         if all(c is first for c in components):
             leaves.append(first)
         else:
-            leaves.append(PerReplica(components, replica_ids=replica_ids))
+            leaves.append(
+                (kind or PerReplica)(components, replica_ids=replica_ids, devices=devices)
+            )
     return pytree.tree_unflatten(leaves, spec0)
 
 

@@ -1,0 +1,96 @@
+"""nbdist: TensorFlow's `tf.distribute` programming model for PyTorch, from a notebook.
+
+`import nbdist as nd`. Importing starts no process, opens no socket and initialises no CUDA.
+The whole public API is listed here.
+"""
+
+from nbdist import cluster_resolver, experimental
+from nbdist.cluster_resolver import ClusterSpec
+from nbdist.cross_device_ops import (
+    CrossDeviceOps,
+    HierarchicalCopyAllReduce,
+    NcclAllReduce,
+    ReductionToOneDevice,
+)
+from nbdist.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    NbdistError,
+    ReplicaReleasedError,
+    StrategyMixingError,
+)
+from nbdist.input import (
+    DistributedDataset,
+    DistributedIterator,
+    InputContext,
+    InputOptions,
+    InputReplicationMode,
+)
+from nbdist.reduce import ReduceOp
+from nbdist.strategies import (
+    CentralStorageStrategy,
+    MirroredStrategy,
+    OneDeviceStrategy,
+    ReplicaContext,
+    Strategy,
+    StrategyExtended,
+)
+from nbdist.strategies.current import (
+    experimental_set_strategy,
+    get_loss_reduction,
+    get_replica_context,
+    get_strategy,
+    has_strategy,
+    in_cross_replica_context,
+)
+from nbdist.values import DistributedValues, Mirrored, PerReplica
+from nbdist.variables import (
+    MirroredVariable,
+    SyncOnReadVariable,
+    Variable,
+    VariableAggregation,
+    VariableSynchronization,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CentralStorageStrategy",
+    "ClusterSpec",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "CrossDeviceOps",
+    "DistributedDataset",
+    "DistributedIterator",
+    "DistributedValues",
+    "HierarchicalCopyAllReduce",
+    "InputContext",
+    "InputOptions",
+    "InputReplicationMode",
+    "Mirrored",
+    "MirroredStrategy",
+    "MirroredVariable",
+    "NbdistError",
+    "NcclAllReduce",
+    "OneDeviceStrategy",
+    "PerReplica",
+    "ReduceOp",
+    "ReductionToOneDevice",
+    "ReplicaContext",
+    "ReplicaReleasedError",
+    "Strategy",
+    "StrategyExtended",
+    "StrategyMixingError",
+    "SyncOnReadVariable",
+    "Variable",
+    "VariableAggregation",
+    "VariableSynchronization",
+    "cluster_resolver",
+    "experimental",
+    "experimental_set_strategy",
+    "get_loss_reduction",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "in_cross_replica_context",
+]

@@ -1,0 +1,210 @@
+"""In-process collectives: the replica threads of one strategy meet at numbered slots.
+
+Note [Local rendezvous]: every replica counts the collectives it calls; the k-th call of every
+replica meets at slot k. The last replica to arrive combines the payloads (outside the lock) and
+wakes the others, who each finish their own share (a copy to their device) in parallel. A slot
+never waits forever: a replica that failed, or whose function returned without arriving, releases
+the others at once, and the strategy's timeout names the replicas that never came.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nbdist.errors import CollectiveMismatchError, CollectiveTimeoutError, ReplicaReleasedError
+from nbdist.telemetry import Telemetry
+
+__all__ = ["LocalGroup"]
+
+
+class _Slot:
+    __slots__ = ("arrivals", "error", "kind", "payloads", "picked", "ready_at", "shared", "state")
+
+    def __init__(self, kind: str, size: int):
+        self.kind = kind
+        self.payloads: list[Any] = [None] * size
+        self.arrivals: list[float | None] = [None] * size
+        self.state = "open"  # open -> combining -> done | failed
+        self.shared: Any = None
+        self.error: BaseException | None = None
+        self.picked = 0
+        self.ready_at = 0.0
+
+
+class LocalGroup:
+    """The rendezvous of the replica threads of one in-process strategy.
+
+    Context: `exchange` is called from replica threads inside `strategy.run`.
+    Hangs if: never; a missing replica is reported at once when it has returned or failed, and
+    otherwise after `timeout` seconds.
+
+    Example:
+        >>> import threading
+        >>> group = LocalGroup(2, timeout=5.0)
+        >>> group.begin_run()
+        >>> out = [None, None]
+        >>> def replica(i):
+        ...     out[i] = group.exchange(i, "sum", i + 1, combine=sum)
+        >>> threads = [threading.Thread(target=replica, args=(i,)) for i in range(2)]
+        >>> for t in threads: t.start()
+        >>> for t in threads: t.join()
+        >>> out
+        [3, 3]
+    """
+
+    def __init__(self, size: int, *, timeout: float, telemetry: Telemetry | None = None):
+        self.size = size
+        self.timeout = timeout
+        self.telemetry = telemetry
+        self._cond = threading.Condition()
+        self.begin_run()
+
+    def begin_run(self) -> None:
+        """Reset the rendezvous before a `strategy.run`."""
+        with self._cond:
+            self._calls = [0] * self.size
+            self._slots: dict[int, _Slot] = {}
+            self._finished: set[int] = set()
+            self._failed: dict[int, BaseException] = {}
+
+    def replica_finished(self, replica: int) -> None:
+        """Mark a replica's function as returned: collectives it never reached fail at once."""
+        with self._cond:
+            self._finished.add(replica)
+            self._cond.notify_all()
+
+    def replica_failed(self, replica: int, error: BaseException) -> None:
+        """Mark a replica as failed: every replica waiting in a collective is released."""
+        with self._cond:
+            self._failed.setdefault(replica, error)
+            self._finished.add(replica)
+            self._cond.notify_all()
+
+    def exchange(
+        self,
+        replica: int,
+        kind: str,
+        payload: Any,
+        combine: Callable[[list[Any]], Any],
+        finish: Callable[[Any, int], Any] | None = None,
+        *,
+        nbytes: int = 0,
+        implementation: str = "local",
+        timeout: float | None = None,
+    ) -> Any:
+        """Meet the other replicas at this replica's next collective and return its result.
+
+        Args:
+            replica: This replica's local index.
+            kind: What is being called (`"all_reduce:SUM"`); every replica must call the same.
+            payload: This replica's contribution.
+            combine: Runs once, on the last replica to arrive, with every payload in replica
+                order; returns the shared result.
+            finish: Runs on every replica with the shared result and its index (e.g. a copy to
+                its device); by default the shared result is returned as it is.
+            nbytes: Bytes contributed by each replica (for telemetry).
+            implementation: Name recorded in telemetry.
+            timeout: Seconds to wait for the others (default: the group's timeout).
+        """
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with self._cond:
+            self._raise_if_released(replica, None)
+            index = self._calls[replica]
+            self._calls[replica] += 1
+            slot = self._slots.get(index)
+            if slot is None:
+                slot = self._slots[index] = _Slot(kind, self.size)
+            elif slot.kind != kind:
+                first = next(i for i, a in enumerate(slot.arrivals) if a is not None)
+                slot.state = "failed"
+                slot.error = CollectiveMismatchError(
+                    f"Replicas called different collectives at collective #{index}: replica "
+                    f"{first} called {slot.kind} but replica {replica} called {kind}. Every "
+                    "replica must call the same collectives in the same order."
+                )
+                self._cond.notify_all()
+                raise slot.error
+            slot.payloads[replica] = payload
+            slot.arrivals[replica] = time.perf_counter()
+            if all(a is not None for a in slot.arrivals):
+                slot.state = "combining"
+                combining = True
+            else:
+                combining = False
+                self._wait(slot, index, replica, deadline)
+        if combining:
+            try:
+                shared = combine(slot.payloads)
+            except BaseException as error:
+                with self._cond:
+                    slot.state, slot.error = "failed", error
+                    self._cond.notify_all()
+                raise
+            ready = time.perf_counter()
+            with self._cond:
+                slot.shared, slot.state, slot.ready_at = shared, "done", ready
+                slot.payloads = []
+                self._cond.notify_all()
+            self._record(slot, kind, nbytes, implementation)
+        if slot.state == "failed":
+            raise slot.error  # type: ignore[misc]
+        result = slot.shared if finish is None else finish(slot.shared, replica)
+        with self._cond:
+            slot.picked += 1
+            if slot.picked == self.size:
+                self._slots.pop(index, None)
+        return result
+
+    def _wait(self, slot: _Slot, index: int, replica: int, deadline: float) -> None:
+        while slot.state in ("open", "combining"):
+            if slot.state == "open":
+                self._raise_if_released(replica, slot, index)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and slot.state == "open":
+                missing = tuple(i for i, a in enumerate(slot.arrivals) if a is None)
+                raise CollectiveTimeoutError(
+                    f"Replica {replica} waited {self.timeout:g} s in {slot.kind} (collective "
+                    f"#{index}) but replica(s) {_names(missing)} never arrived. Make every "
+                    "replica call the same collectives, or raise the timeout with "
+                    "CommunicationOptions(timeout_seconds=...).",
+                    missing=missing,
+                )
+            self._cond.wait(timeout=max(remaining, 0.05))
+
+    def _raise_if_released(self, replica: int, slot: _Slot | None, index: int = -1) -> None:
+        if self._failed:
+            culprit, error = next(iter(self._failed.items()))
+            if culprit != replica:
+                raise ReplicaReleasedError(
+                    f"Replica {replica} was released from a collective because replica "
+                    f"{culprit} raised {type(error).__name__}: {error}"
+                )
+        if slot is None:
+            return
+        gone = tuple(i for i, a in enumerate(slot.arrivals) if a is None and i in self._finished)
+        if gone:
+            raise ReplicaReleasedError(
+                f"Replica(s) {_names(gone)} returned from the function given to strategy.run "
+                f"without calling {slot.kind} (collective #{index}), which replica {replica} "
+                "is waiting in. Every replica must call the same collectives in the same order "
+                "(e.g. no all_reduce or merge_call under `if replica_id == 0`)."
+            )
+
+    def _record(self, slot: _Slot, kind: str, nbytes: int, implementation: str) -> None:
+        telemetry = self.telemetry
+        if telemetry is None or not telemetry.enabled:
+            return
+        arrivals: Sequence[float] = slot.arrivals  # type: ignore[assignment]
+        first, last = min(arrivals), max(arrivals)
+        waits = tuple(last - a for a in arrivals)
+        telemetry.record(
+            kind, nbytes, implementation, tuple(range(self.size)), first,
+            slot.ready_at - first, waits,
+        )  # fmt: skip
+
+
+def _names(replicas: Sequence[int]) -> str:
+    return ", ".join(str(r) for r in replicas)

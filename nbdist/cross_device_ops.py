@@ -1,0 +1,316 @@
+"""Cross-device reduction and broadcast for replicas in one process (TF's `CrossDeviceOps`).
+
+`ReductionToOneDevice` and `HierarchicalCopyAllReduce` reduce on one device and copy back;
+`NcclAllReduce` runs `torch.cuda.nccl` over CUDA devices. Batched reductions pack many tensors
+into flat buffers so one reduction carries them all. Imports core modules only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from nbdist.communication import CommunicationOptions
+from nbdist.devices import canonical_devices, physical_device
+from nbdist.reduce import ReduceOp
+from nbdist.telemetry import Telemetry
+from nbdist.values import DistributedValues, Mirrored
+
+__all__ = [
+    "CrossDeviceOps",
+    "HierarchicalCopyAllReduce",
+    "NcclAllReduce",
+    "ReductionToOneDevice",
+    "resolve_destinations",
+]
+
+DEFAULT_PACK_BYTES = 32 * 1024 * 1024
+
+
+class CrossDeviceOps:
+    """Base class of algorithms that reduce and broadcast values across local devices.
+
+    Implement these: `_reduce_tensors` (one tensor per replica in, one per destination out).
+    Inherited: `reduce`, `batch_reduce`, `broadcast`, packing and telemetry.
+
+    Example:
+        >>> ops = ReductionToOneDevice()
+        >>> from nbdist.values import PerReplica
+        >>> value = PerReplica([torch.tensor(1.0), torch.tensor(2.0)], devices=["cpu:0", "cpu:1"])
+        >>> ops.reduce("sum", value, destinations="cpu:0")
+        tensor(3.)
+    """
+
+    implementation_name = "local"
+
+    def __init__(self) -> None:
+        self.telemetry: Telemetry | None = None
+        self._num_replicas_hint = 1
+
+    # -- implement these ------------------------------------------------------------------
+    def _reduce_tensors(
+        self, op: ReduceOp, tensors: list[torch.Tensor], destinations: tuple[str, ...]
+    ) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def check_devices(self, devices: Sequence[str]) -> None:
+        """Raise `ValueError` when this algorithm cannot run on `devices`."""
+
+    # -- inherited ------------------------------------------------------------------------
+    def reduce(
+        self,
+        reduce_op: ReduceOp | str,
+        per_replica_value: Any,
+        destinations: Any,
+        options: CommunicationOptions | None = None,
+    ) -> Any:
+        """Reduce a per-replica value to `destinations` (a `Mirrored` for several devices).
+
+        Context: cross-replica. Hangs if: never (no other replica is waited for).
+        """
+        op = ReduceOp.from_value(reduce_op)
+        devices = resolve_destinations(destinations)
+        tensors = self._components(op, per_replica_value)
+        start = time.perf_counter()
+        results = self._reduce_tensors(op, tensors, devices)
+        self._record(f"reduce:{op.value}", tensors, start)
+        return _as_destination_value(results, devices)
+
+    def batch_reduce(
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None = None,
+    ) -> list[Any]:
+        """Reduce many values at once: tensors are packed into flat buffers, one reduction each.
+
+        Context: cross-replica. Hangs if: never.
+        """
+        op = ReduceOp.from_value(reduce_op)
+        pack_bytes = (options.bytes_per_pack if options else 0) or DEFAULT_PACK_BYTES
+        start = time.perf_counter()
+        prepared = [
+            (self._components(op, value), resolve_destinations(dest))
+            for value, dest in value_destination_pairs
+        ]
+        results: list[Any] = [None] * len(prepared)
+        groups: dict[tuple, list[int]] = {}
+        for index, (tensors, devices) in enumerate(prepared):
+            key = (tensors[0].dtype, devices, len(tensors))
+            groups.setdefault(key, []).append(index)
+        for (_, devices, _), indices in groups.items():
+            for pack in _packs(indices, prepared, pack_bytes):
+                reduced = self._reduce_packed(op, [prepared[i][0] for i in pack], devices)
+                for index, per_destination in zip(pack, reduced):
+                    results[index] = _as_destination_value(per_destination, devices)
+        everything = [t for tensors, _ in prepared for t in tensors[:1]]
+        if everything:
+            self._record(f"batch_reduce:{op.value}", everything, start, count=len(prepared))
+        return results
+
+    def broadcast(self, tensor: torch.Tensor, destinations: Any) -> Any:
+        """Copy `tensor` to every destination device (a `Mirrored` for several devices)."""
+        devices = resolve_destinations(destinations)
+        copies = [_copy_to(tensor, device, i > 0) for i, device in enumerate(devices)]
+        return _as_destination_value(copies, devices)
+
+    def _reduce_packed(
+        self, op: ReduceOp, per_value: list[list[torch.Tensor]], devices: tuple[str, ...]
+    ) -> list[list[torch.Tensor]]:
+        """Reduce several values (each a list of per-replica tensors) through one flat buffer."""
+        if len(per_value) == 1:
+            return [self._reduce_tensors(op, per_value[0], devices)]
+        replicas = len(per_value[0])
+        flats = [torch.cat([v[r].reshape(-1) for v in per_value]) for r in range(replicas)]
+        reduced = self._reduce_tensors(op, flats, devices)
+        sizes = [v[0].numel() for v in per_value]
+        shapes = [v[0].shape for v in per_value]
+        out: list[list[torch.Tensor]] = [[] for _ in per_value]
+        for flat in reduced:
+            for i, piece in enumerate(torch.split(flat, sizes)):
+                out[i].append(piece.view(shapes[i]))
+        return out
+
+    def _components(self, op: ReduceOp, value: Any) -> list[torch.Tensor]:
+        if isinstance(value, DistributedValues):
+            tensors = [torch.as_tensor(v) for v in value.values]
+            _check_same_shapes(tensors)
+            return tensors
+        tensor = torch.as_tensor(value)
+        if op is ReduceOp.SUM and self._num_replicas_hint > 1:
+            raise ValueError(
+                f"A plain tensor cannot be SUM-reduced over {self._num_replicas_hint} replicas: "
+                "it is not a per-replica value, so the sum is ambiguous. Pass the PerReplica "
+                "value returned by strategy.run, or use MEAN."
+            )
+        return [tensor]
+
+    def _record(self, op: str, tensors: list[torch.Tensor], start: float, count: int = 1) -> None:
+        telemetry = self.telemetry
+        if telemetry is not None and telemetry.enabled:
+            nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            duration = time.perf_counter() - start
+            telemetry.record(
+                op, nbytes, self.implementation_name, tuple(range(len(tensors))), start,
+                duration, (0.0,) * len(tensors),
+            )  # fmt: skip
+
+
+class ReductionToOneDevice(CrossDeviceOps):
+    """Copy every value to one device, reduce there, then copy the result back.
+
+    Args:
+        reduce_to_device: Where to reduce (default: the first destination).
+        accumulation_fn: Sums a list of tensors (default: repeated in-place `add`).
+
+    Example:
+        >>> ReductionToOneDevice(reduce_to_device="cpu:0").reduce_to_device
+        'cpu:0'
+    """
+
+    implementation_name = "reduction_to_one_device"
+
+    def __init__(
+        self,
+        reduce_to_device: str | None = None,
+        accumulation_fn: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
+    ):
+        super().__init__()
+        self.reduce_to_device = canonical_devices(reduce_to_device)[0] if reduce_to_device else None
+        self.accumulation_fn = accumulation_fn
+
+    def _reduce_tensors(self, op, tensors, destinations):
+        target = physical_device(self.reduce_to_device or destinations[0])
+        local = [t.to(target, non_blocking=True) for t in tensors]
+        if self.accumulation_fn is not None and op in (ReduceOp.SUM, ReduceOp.MEAN):
+            reduced = self.accumulation_fn(local)
+            if op is ReduceOp.MEAN:
+                reduced = reduced / len(local)
+        else:
+            reduced = op.combine(local)
+        return [_copy_to(reduced, device, i > 0) for i, device in enumerate(destinations)]
+
+
+class HierarchicalCopyAllReduce(ReductionToOneDevice):
+    """Reduction through one device, with batched values split into `num_packs` packs.
+
+    Example:
+        >>> HierarchicalCopyAllReduce(num_packs=2).num_packs
+        2
+    """
+
+    implementation_name = "hierarchical_copy"
+
+    def __init__(self, num_packs: int = 1):
+        if not isinstance(num_packs, int) or num_packs < 1:
+            raise ValueError(f"num_packs must be a positive whole number, got {num_packs!r}.")
+        super().__init__()
+        self.num_packs = num_packs
+
+
+class NcclAllReduce(CrossDeviceOps):
+    """All-reduce with NCCL between the CUDA devices of one process (`torch.cuda.nccl`).
+
+    Raises:
+        ValueError: used with devices that are not CUDA GPUs; names the alternatives.
+
+    Example:
+        >>> NcclAllReduce(num_packs=1).num_packs
+        1
+    """
+
+    implementation_name = "nccl"
+
+    def __init__(self, num_packs: int = 1):
+        if not isinstance(num_packs, int) or num_packs < 1:
+            raise ValueError(f"num_packs must be a positive whole number, got {num_packs!r}.")
+        super().__init__()
+        self.num_packs = num_packs
+
+    def check_devices(self, devices: Sequence[str]) -> None:
+        """Raise `ValueError` unless every device is a CUDA GPU."""
+        others = [d for d in devices if not d.startswith("cuda")]
+        if others:
+            raise ValueError(
+                f"NcclAllReduce needs CUDA GPUs but the devices include {others}. Use "
+                "nbdist.ReductionToOneDevice() or nbdist.HierarchicalCopyAllReduce() for CPU "
+                "devices (or leave cross_device_ops=None to choose automatically)."
+            )
+
+    def _reduce_tensors(self, op, tensors, destinations):
+        self.check_devices(destinations)
+        if len(tensors) != len(destinations):
+            return ReductionToOneDevice()._reduce_tensors(op, tensors, destinations)
+        buffers = [
+            t.to(physical_device(d), copy=True) for t, d in zip(tensors, destinations)
+        ]  # fmt: skip
+        torch.cuda.nccl.all_reduce(buffers, op=_NCCL_OPS[op])
+        if op is ReduceOp.MEAN:
+            for buffer in buffers:
+                buffer.div_(len(buffers))
+        return buffers
+
+
+_NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.MEAN: 0, ReduceOp.MAX: 2, ReduceOp.MIN: 3}
+
+
+def resolve_destinations(destinations: Any) -> tuple[str, ...]:
+    """The devices named by `destinations`: a device, a list of them, or a distributed value.
+
+    Example:
+        >>> resolve_destinations(["CPU:0", "cpu:1"])
+        ('cpu:0', 'cpu:1')
+    """
+    devices = getattr(destinations, "devices", None)
+    if isinstance(devices, tuple) and devices:
+        return devices
+    if isinstance(destinations, DistributedValues):
+        return tuple(str(v.device) for v in destinations.values)
+    if isinstance(destinations, torch.Tensor):
+        return canonical_devices([str(destinations.device)])
+    device = getattr(destinations, "device", None)
+    if isinstance(device, str) and not isinstance(destinations, (str, list, tuple)):
+        return canonical_devices([device])
+    return canonical_devices(destinations)
+
+
+def _check_same_shapes(tensors: list[torch.Tensor]) -> None:
+    shapes = [tuple(t.shape) for t in tensors]
+    if len(set(shapes)) > 1:
+        listed = ", ".join(f"replica {i}: {s}" for i, s in enumerate(shapes))
+        raise ValueError(
+            f"Cannot reduce per-replica values of different shapes ({listed}). Reduce along "
+            "the batch axis with axis=0, or make every replica produce the same shape."
+        )
+
+
+def _copy_to(tensor: torch.Tensor, device: str, force_copy: bool) -> torch.Tensor:
+    target = physical_device(device)
+    if tensor.device == target:
+        return tensor.clone() if force_copy else tensor
+    return tensor.to(target, non_blocking=True)
+
+
+def _as_destination_value(results: list[torch.Tensor], devices: tuple[str, ...]) -> Any:
+    if len(results) == 1:
+        return results[0]
+    return Mirrored(results, devices=devices)
+
+
+def _packs(
+    indices: list[int], prepared: list[tuple[list[torch.Tensor], Any]], pack_bytes: int
+) -> list[list[int]]:
+    packs: list[list[int]] = [[]]
+    size = 0
+    for index in indices:
+        tensor = prepared[index][0][0]
+        nbytes = tensor.numel() * tensor.element_size()
+        if packs[-1] and size + nbytes > pack_bytes:
+            packs.append([])
+            size = 0
+        packs[-1].append(index)
+        size += nbytes
+    return packs

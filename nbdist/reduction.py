@@ -1,0 +1,193 @@
+"""The cross-replica rules of `reduce`, `gather`, `reduce_to`, `batch_reduce_to` and `update`.
+
+Kept apart from the strategies so every strategy applies the same TensorFlow semantics: the
+`axis` denominators, plain values that count as the same on every replica, shape checks.
+Imports core modules only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nbdist import context
+from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice, resolve_destinations
+from nbdist.reduce import ReduceOp
+from nbdist.values import DistributedValues, Mirrored, regroup, select_replica
+
+if TYPE_CHECKING:
+    from nbdist.strategies.base import Strategy
+
+__all__ = ["batch_reduce_to", "gather_value", "reduce_to", "reduce_value", "update"]
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    read = getattr(value, "read_value", None)
+    if read is not None and not isinstance(value, torch.Tensor):
+        value = read()
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+
+
+def _caller_device() -> torch.device:
+    return torch.get_default_device()
+
+
+def _components(strategy: Strategy, value: Any) -> tuple[list[torch.Tensor], bool]:
+    if isinstance(value, DistributedValues):
+        return [_as_tensor(c).to(_caller_device()) for c in value.values], True
+    return [_as_tensor(value).to(_caller_device())], False
+
+
+def _check_axis(axis: int, tensors: list[torch.Tensor], what: str) -> int:
+    rank = tensors[0].dim()
+    if rank == 0:
+        raise ValueError(
+            f"Cannot {what} along axis {axis}: the per-replica values are scalars (rank 0). "
+            "Use axis=None, or give each replica a value with a batch dimension "
+            "(e.g. tensor.reshape(1))."
+        )
+    if not -rank <= axis < rank:
+        raise ValueError(
+            f"axis {axis} is out of range for per-replica values of rank {rank} (shape "
+            f"{tuple(tensors[0].shape)}); use an axis in [0, {rank})."
+        )
+    return axis % rank
+
+
+def reduce_value(strategy: Strategy, op: ReduceOp, value: Any, axis: int | None) -> Any:
+    """`Strategy.reduce` for one leaf: see the docstring there."""
+    n = strategy.num_replicas_in_sync
+    tensors, distributed = _components(strategy, value)
+    if axis is None:
+        if not distributed:
+            if op is ReduceOp.SUM and n > 1:
+                raise ValueError(
+                    f"Cannot SUM a plain (non-distributed) value over {n} replicas with "
+                    "axis=None: it is not a per-replica value, so TensorFlow and nbdist refuse "
+                    "to guess. Pass the PerReplica value returned by strategy.run, or use MEAN."
+                )
+            return tensors[0]
+        shapes = [tuple(t.shape) for t in tensors]
+        if len(set(shapes)) > 1:
+            listed = ", ".join(f"replica {i}: {s}" for i, s in zip(value.replica_ids, shapes))
+            raise ValueError(
+                f"Cannot reduce per-replica values of different shapes with axis=None "
+                f"({listed}). Pass axis=0 to reduce along the batch dimension too (this handles "
+                "partial batches), or make every replica return the same shape."
+            )
+        return op.combine(tensors)
+    dim = _check_axis(axis, tensors, "reduce")
+    if not distributed:
+        along = op.reduce_along(tensors[0], dim) if tensors[0].shape[dim] else None
+        if op is ReduceOp.SUM:
+            return along * n if along is not None else tensors[0].sum(dim=dim)
+        if op is ReduceOp.MEAN:
+            return _mean(tensors[0].sum(dim=dim), tensors[0].shape[dim])
+        return along
+    partials = [op.reduce_along(t, dim) for t in tensors if t.shape[dim] > 0]
+    count = sum(t.shape[dim] for t in tensors)
+    rest = {tuple(t.shape[:dim] + t.shape[dim + 1 :]) for t in tensors}
+    if len(rest) > 1:
+        raise ValueError(
+            f"Cannot reduce along axis {axis}: the other dimensions differ between replicas "
+            f"({sorted(rest)}). Every replica must return the same shape apart from axis {axis}."
+        )
+    if not partials:
+        empty = tensors[0].sum(dim=dim)
+        return _mean(empty, 0) if op is ReduceOp.MEAN else empty
+    if op is ReduceOp.MEAN:
+        return _mean(ReduceOp.SUM.combine(partials), count)
+    return op.combine(partials)
+
+
+def _mean(total: torch.Tensor, count: int) -> torch.Tensor:
+    if not (total.is_floating_point() or total.is_complex()):
+        total = total.to(torch.get_default_dtype())
+    return total / count
+
+
+def gather_value(strategy: Strategy, value: Any, axis: int) -> torch.Tensor:
+    """`Strategy.gather` for one leaf."""
+    if not isinstance(axis, int):
+        raise TypeError(f"gather needs an int axis, got {axis!r}.")
+    tensors, distributed = _components(strategy, value)
+    if not distributed:
+        tensors = tensors * len(strategy._devices)
+    dim = _check_axis(axis, tensors, "gather")
+    rest = {tuple(t.shape[:dim] + t.shape[dim + 1 :]) for t in tensors}
+    if len(rest) > 1:
+        shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+        raise ValueError(
+            f"Cannot gather along axis {axis}: the replicas' shapes ({shapes}) differ in "
+            f"another dimension. Only axis {axis} may differ."
+        )
+    return torch.cat(tensors, dim=dim)
+
+
+def _ops_for(strategy: Strategy) -> CrossDeviceOps:
+    ops = strategy._cross_device_ops
+    if ops is None:
+        ops = ReductionToOneDevice()
+        ops.telemetry = strategy._telemetry
+        strategy._cross_device_ops = ops
+    ops._num_replicas_hint = strategy.num_replicas_in_sync
+    return ops
+
+
+def _require_cross_replica(what: str) -> None:
+    if context.current_replica_context() is not None:
+        raise RuntimeError(
+            f"{what} must be called in cross-replica context, but it was called inside "
+            "strategy.run. Call it from a function given to "
+            "nbdist.get_replica_context().merge_call, or use ReplicaContext.all_reduce."
+        )
+
+
+def reduce_to(
+    strategy: Strategy, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any
+) -> Any:
+    """`StrategyExtended.reduce_to`."""
+    _require_cross_replica("extended.reduce_to")
+    op = ReduceOp.from_value(reduce_op)
+    devices = resolve_destinations(destinations)
+    return _ops_for(strategy).reduce(op, value, devices, strategy._communication_options(options))
+
+
+def batch_reduce_to(
+    strategy: Strategy,
+    reduce_op: ReduceOp | str,
+    value_destination_pairs: Sequence[tuple[Any, Any]],
+    options: Any,
+) -> list[Any]:
+    """`StrategyExtended.batch_reduce_to`."""
+    _require_cross_replica("extended.batch_reduce_to")
+    op = ReduceOp.from_value(reduce_op)
+    pairs = [(value, resolve_destinations(dest)) for value, dest in value_destination_pairs]
+    return _ops_for(strategy).batch_reduce(op, pairs, strategy._communication_options(options))
+
+
+def update(
+    strategy: Strategy,
+    var: Any,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    group: bool,
+) -> Any:
+    """`StrategyExtended.update`: `fn(component, *args)` on each component of `var`."""
+    _require_cross_replica("extended.update")
+    components = var.values if isinstance(var, DistributedValues) else (var,)
+    devices = getattr(var, "devices", None) or strategy._parameter_devices
+    results = []
+    with context.update_context():
+        for index, component in enumerate(components):
+            local_args = select_replica(index, args, unwrap_variables=True)
+            local_kwargs = select_replica(index, kwargs, unwrap_variables=True)
+            results.append(fn(component, *local_args, **local_kwargs))
+    if not group:
+        return tuple(results)
+    if len(results) == 1:
+        return results[0]
+    return regroup(results, devices=devices, kind=Mirrored)

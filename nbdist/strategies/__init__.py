@@ -1,0 +1,16 @@
+"""Strategies: where replicas run and how variables are kept (one module each)."""
+
+from nbdist.strategies.base import ReplicaContext, Strategy, StrategyExtended
+from nbdist.strategies.central_storage import CentralStorageStrategy
+from nbdist.strategies.mirrored import MirroredStrategy
+from nbdist.strategies.one_device import DefaultStrategy, OneDeviceStrategy
+
+__all__ = [
+    "CentralStorageStrategy",
+    "DefaultStrategy",
+    "MirroredStrategy",
+    "OneDeviceStrategy",
+    "ReplicaContext",
+    "Strategy",
+    "StrategyExtended",
+]

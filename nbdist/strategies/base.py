@@ -1,0 +1,490 @@
+"""`Strategy`, `StrategyExtended` and `ReplicaContext`: the API every strategy shares.
+
+Public methods validate their arguments, then call one `_hook` that each strategy implements
+(TensorFlow's layering). Imports core modules only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from nbdist import context
+from nbdist.communication import CommunicationOptions
+from nbdist.cross_device_ops import CrossDeviceOps, resolve_destinations
+from nbdist.reduce import ReduceOp
+from nbdist.telemetry import Telemetry
+from nbdist.values import DistributedValues, Mirrored, PerReplica, select_replica
+
+__all__ = ["ReplicaContext", "Strategy", "StrategyExtended"]
+
+
+class Strategy:
+    """A set of devices and a policy for computing and keeping variables on them.
+
+    Implement these (subclasses): `_call_for_each_replica`, `_replica_all_reduce`,
+    `_replica_all_gather`, `_replica_merge_call`, `_create_variable`, and set `_devices`,
+    `_parameter_devices`, `_cross_device_ops`, `_options` in `__init__`.
+    Inherited: `scope`, `run`, `reduce`, `gather`, `experimental_local_results`,
+    `experimental_distribute_values_from_function`, the dataset functions and `extended`.
+
+    Example:
+        >>> import nbdist as nd
+        >>> strategy = nd.OneDeviceStrategy("cpu:0")
+        >>> strategy.reduce("sum", strategy.run(lambda: torch.tensor(2.0)), axis=None)
+        tensor(2.)
+    """
+
+    _devices: tuple[str, ...] = ("cpu:0",)
+    _parameter_devices: tuple[str, ...] = ("cpu:0",)
+    _num_workers: int = 1
+    _worker_index: int = 0
+    _cluster_resolver: Any = None
+
+    def __init__(self) -> None:
+        self._options = CommunicationOptions()
+        self._cross_device_ops: CrossDeviceOps | None = None
+        self._telemetry = Telemetry()
+        self._extended = StrategyExtended(self)
+        self._scope_depth = 0
+        self._sync_gradients = True
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Replicas of all workers that take part in every step."""
+        return len(self._devices) * self._num_workers
+
+    @property
+    def extended(self) -> StrategyExtended:
+        """Additional APIs for algorithms that need to be distribution-aware."""
+        return self._extended
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """The cluster resolver of a multi-worker strategy; None for single-worker ones."""
+        return self._cluster_resolver
+
+    @property
+    def _is_multi_replica(self) -> bool:
+        return len(self._devices) > 1
+
+    # -- scope ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def scope(self, *, sync_gradients: bool = True) -> Iterator[Strategy]:
+        """Make this strategy current and capture the variables and modules created inside.
+
+        Context: cross-replica (enters it). Re-entering the same strategy nests.
+
+        Args:
+            sync_gradients: Average the gradients of modules created in this scope after every
+                `backward()` (set False to reduce gradients yourself).
+
+        Raises:
+            RuntimeError: another strategy's scope is active.
+        """
+        with context.enter_strategy(self):
+            outer = self._sync_gradients
+            self._sync_gradients = sync_gradients
+            self._scope_depth += 1
+            try:
+                with self._scope_hooks():
+                    yield self
+            finally:
+                self._scope_depth -= 1
+                self._sync_gradients = outer
+
+    @contextlib.contextmanager
+    def _scope_hooks(self) -> Iterator[None]:
+        yield
+
+    # -- run ------------------------------------------------------------------------------
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: Any = None,
+    ) -> Any:
+        """Call `fn` once per local replica, in that replica's context and on its device.
+
+        Distributed values in `args`/`kwargs` are unwrapped to each replica's component.
+
+        Context: cross-replica or the default context (not inside another `run`).
+        Hangs if: never; a replica that fails releases the others, and its exception is
+        re-raised with its replica id in the message.
+
+        Returns:
+            Leaf by leaf, the object itself when every replica returned the identical object,
+            else a `PerReplica`.
+        """
+        if not callable(fn):
+            raise TypeError(f"strategy.run needs a function to call, got {fn!r}.")
+        active = context.current_scope_strategy()
+        if active is not None and active is not self:
+            raise context.StrategyMixingError(
+                f"Mixing different nbdist.Strategy objects: {type(self).__name__}.run was called "
+                f"inside the scope of {type(active).__name__}. Call run on the strategy whose "
+                "scope is active, or leave that scope first."
+            )
+        if context.current_replica_context() is not None and self._is_multi_replica:
+            raise RuntimeError(
+                "strategy.run was called inside strategy.run. Call collectives "
+                "(nbdist.get_replica_context().all_reduce/merge_call) inside the replica "
+                "function instead of nesting run."
+            )
+        kwargs = dict(kwargs or {})
+        with context.enter_strategy(self):
+            return self._call_for_each_replica(fn, tuple(args), kwargs)
+
+    # -- cross-replica combination ----------------------------------------------------------
+    def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
+        """Combine a per-replica value (any nested structure) into one value.
+
+        Context: cross-replica. Hangs if: never in one process.
+
+        Args:
+            reduce_op: `ReduceOp` or its name ("sum", "mean", "max", "min").
+            value: What `run` returned; a plain value counts as the same on every replica.
+            axis: Also reduce along this dimension of each component (e.g. the batch axis);
+                with `MEAN` the denominator is the total length along it over all replicas.
+
+        Returns:
+            A tensor (or structure of tensors) on the caller's device.
+
+        Example:
+            >>> import nbdist as nd
+            >>> s = nd.MirroredStrategy(["cpu:0", "cpu:1"])
+            >>> v = s.experimental_distribute_values_from_function(
+            ...     lambda ctx: torch.tensor([1.0, 2.0]) * (ctx.replica_id_in_sync_group + 1))
+            >>> s.reduce("sum", v, axis=None), s.reduce("mean", v, axis=0)
+            (tensor([3., 6.]), tensor(2.2500))
+        """
+        op = ReduceOp.from_value(reduce_op)
+        if axis is not None and not isinstance(axis, int):
+            raise TypeError(f"axis must be an int or None, got {axis!r}.")
+        from nbdist import reduction
+
+        return pytree.tree_map(
+            lambda leaf: reduction.reduce_value(self, op, leaf, axis),
+            value,
+            is_leaf=lambda leaf: isinstance(leaf, DistributedValues),
+        )
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenate the replicas' components along `axis`, in replica order.
+
+        Context: cross-replica (inside `run` use `ReplicaContext.all_gather`).
+
+        Raises:
+            ValueError: components of rank 0, or `axis` out of range.
+
+        Example:
+            >>> import nbdist as nd
+            >>> s = nd.MirroredStrategy(["cpu:0", "cpu:1"])
+            >>> v = s.experimental_distribute_values_from_function(lambda ctx: torch.ones(1, 2))
+            >>> s.gather(v, axis=0).shape
+            torch.Size([2, 2])
+        """
+        from nbdist import reduction
+
+        return pytree.tree_map(
+            lambda leaf: reduction.gather_value(self, leaf, axis),
+            value,
+            is_leaf=lambda leaf: isinstance(leaf, DistributedValues),
+        )
+
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """The components of `value` on this worker's replicas; a plain value gives `(value,)`.
+
+        Example:
+            >>> import nbdist as nd
+            >>> nd.OneDeviceStrategy("cpu").experimental_local_results(torch.tensor(1.0))
+            (tensor(1.),)
+        """
+        if isinstance(value, DistributedValues):
+            return value.values
+        flat, _ = pytree.tree_flatten(value, is_leaf=lambda v: isinstance(v, DistributedValues))
+        count = max(
+            (len(v.values) for v in flat if isinstance(v, DistributedValues)), default=0
+        )  # fmt: skip
+        if count == 0:
+            return (value,)
+        return tuple(select_replica(i, value) for i in range(count))
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:
+        """Call `value_fn(ValueContext)` for each local replica and return the results.
+
+        Returns:
+            A `PerReplica` (the plain value when there is one replica).
+
+        Example:
+            >>> import nbdist as nd
+            >>> s = nd.MirroredStrategy(["cpu:0", "cpu:1"])
+            >>> s.experimental_distribute_values_from_function(
+            ...     lambda ctx: ctx.replica_id_in_sync_group)
+            PerReplica:{0: 0, 1: 1}
+        """
+        from nbdist.input import ValueContext
+
+        ids = self._local_replica_ids()
+        values = [
+            value_fn(ValueContext(replica_id, self.num_replicas_in_sync)) for replica_id in ids
+        ]
+        if len(values) == 1:
+            return values[0]
+        return PerReplica(values, replica_ids=ids, devices=self._devices)
+
+    def experimental_distribute_dataset(self, dataset: Iterable[Any], options: Any = None) -> Any:
+        """Split every global batch of `dataset` over the replicas (see API §6)."""
+        from nbdist import input as input_lib
+
+        return input_lib.distribute_dataset(
+            dataset,
+            devices=self._devices,
+            num_replicas_in_sync=self.num_replicas_in_sync,
+            num_workers=self._num_workers,
+            worker_index=self._worker_index,
+            options=options,
+        )
+
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[Any], Iterable[Any]], options: Any = None
+    ) -> Any:
+        """Build each worker's (or replica's) input pipeline with `dataset_fn(InputContext)`."""
+        from nbdist import input as input_lib
+
+        return input_lib.distribute_datasets_from_function(
+            dataset_fn,
+            devices=self._devices,
+            num_replicas_in_sync=self.num_replicas_in_sync,
+            num_workers=self._num_workers,
+            worker_index=self._worker_index,
+            options=options,
+        )
+
+    # -- implement these ------------------------------------------------------------------
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError
+
+    def _replica_all_reduce(self, ctx: ReplicaContext, op: ReduceOp, value: Any, options) -> Any:
+        raise NotImplementedError
+
+    def _replica_all_gather(self, ctx: ReplicaContext, value: Any, axis: int, options) -> Any:
+        raise NotImplementedError
+
+    def _replica_merge_call(
+        self, ctx: ReplicaContext, merge_fn: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> Any:
+        raise NotImplementedError
+
+    def _create_variable(self, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    # -- helpers shared by subclasses -----------------------------------------------------
+    def _local_replica_ids(self) -> tuple[int, ...]:
+        first = self._worker_index * len(self._devices)
+        return tuple(range(first, first + len(self._devices)))
+
+    def _communication_options(self, override: Any = None) -> CommunicationOptions:
+        return self._options.merge(override)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(devices={list(self._devices)!r})"
+
+
+class StrategyExtended:
+    """Additional APIs for algorithms that need to be distribution-aware (`strategy.extended`).
+
+    A thin view of its strategy: every method calls the strategy's machinery.
+
+    Example:
+        >>> import nbdist as nd
+        >>> nd.MirroredStrategy(["cpu:0", "cpu:1"]).extended.worker_devices
+        ('cpu:0', 'cpu:1')
+    """
+
+    def __init__(self, strategy: Strategy):
+        self._strategy = strategy
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """Devices used to compute replicas on this worker."""
+        return self._strategy._devices
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """Devices used to place variables."""
+        return self._strategy._parameter_devices
+
+    @property
+    def experimental_require_static_shapes(self) -> bool:
+        """False: PyTorch replicas accept any shape (partial last batches included)."""
+        return False
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """The record of this strategy's collectives (read by dashboards)."""
+        return self._strategy._telemetry
+
+    @property
+    def cross_device_ops(self) -> CrossDeviceOps | None:
+        """The algorithm that reduces across this worker's devices."""
+        return self._strategy._cross_device_ops
+
+    def reduce_to(
+        self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None
+    ) -> Any:
+        """Reduce `value` to `destinations` (a device, devices or a variable).
+
+        Context: cross-replica (inside `run`, call it from a `merge_call` function).
+        """
+        from nbdist import reduction
+
+        return reduction.reduce_to(self._strategy, reduce_op, value, destinations, options)
+
+    def batch_reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: Any = None,
+    ) -> list[Any]:
+        """Many `reduce_to` calls in one communication (tensors packed into buckets)."""
+        from nbdist import reduction
+
+        return reduction.batch_reduce_to(
+            self._strategy, reduce_op, value_destination_pairs, options
+        )
+
+    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        """Mirror `tensor` onto `destinations`."""
+        ops = self._strategy._cross_device_ops
+        if ops is None:
+            return tensor
+        return ops.broadcast(torch.as_tensor(tensor), resolve_destinations(destinations))
+
+    def update(
+        self,
+        var: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        group: bool = True,
+    ) -> Any:
+        """Run `fn(component, *args)` for each component of `var`, on its device.
+
+        Distributed arguments are unwrapped to the component's device. Context: cross-replica
+        or update.
+
+        Returns:
+            With `group`, a `Mirrored` of the results (the result itself for one component);
+            else the tuple of results.
+        """
+        from nbdist import reduction
+
+        return reduction.update(self._strategy, var, fn, tuple(args), dict(kwargs or {}), group)
+
+    @contextlib.contextmanager
+    def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
+        """Variables created inside land on the same devices as `colocate_with_variable`."""
+        from nbdist import variables
+
+        with variables.colocated_with(colocate_with_variable):
+            yield
+
+    def call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict | None = None
+    ) -> Any:
+        """TF's older name for `strategy.run`."""
+        return self._strategy.run(fn, args, kwargs)
+
+
+class ReplicaContext:
+    """The API inside `strategy.run`: who this replica is and how it talks to the others.
+
+    Example:
+        >>> import nbdist as nd
+        >>> ctx = nd.get_replica_context()  # the default replica context, outside any scope
+        >>> ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync
+        (0, 1)
+    """
+
+    def __init__(self, strategy: Strategy, replica_id_in_sync_group: int, local_replica_index: int):
+        self._strategy = strategy
+        self._replica_id = replica_id_in_sync_group
+        self.local_replica_index = local_replica_index
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy this replica belongs to."""
+        return self._strategy
+
+    @property
+    def replica_id_in_sync_group(self) -> int:
+        """This replica's id, 0..num_replicas_in_sync-1 (== rank for one replica a process)."""
+        return self._replica_id
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """How many replicas take part."""
+        return self._strategy.num_replicas_in_sync
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The device(s) this replica computes on."""
+        return (self._strategy._devices[self.local_replica_index],)
+
+    def all_reduce(self, reduce_op: ReduceOp | str, value: Any, options: Any = None) -> Any:
+        """Every replica gets the reduction of all replicas' `value` (any nested structure).
+
+        Context: replica (inside `strategy.run`). Hangs if: not every replica calls it; it
+        then fails after the collective timeout naming the replicas that did not arrive.
+
+        Example:
+            >>> import nbdist as nd
+            >>> s = nd.MirroredStrategy(["cpu:0", "cpu:1"])
+            >>> s.run(lambda: nd.get_replica_context().all_reduce("sum", torch.tensor(1.0)))
+            PerReplica:{0: tensor(2.), 1: tensor(2.)}
+        """
+        op = ReduceOp.from_value(reduce_op)
+        return self._strategy._replica_all_reduce(self, op, value, options)
+
+    def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
+        """Every replica gets all replicas' `value` concatenated along `axis`, in replica order.
+
+        Context: replica. Hangs if: not every replica calls it (fails after the timeout).
+        """
+        return self._strategy._replica_all_gather(self, value, axis, options)
+
+    def merge_call(
+        self,
+        merge_fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """Pause every replica and run `merge_fn(strategy, *args)` once in cross-replica context.
+
+        Arguments are merged into `PerReplica` values (or passed as themselves when every
+        replica passed the identical object); the result goes back to every replica,
+        unwrapped to its component.
+
+        Context: replica. Hangs if: not every replica calls it (fails after the timeout).
+        """
+        if not callable(merge_fn):
+            raise TypeError(f"merge_call needs a function, got {merge_fn!r}.")
+        return self._strategy._replica_merge_call(self, merge_fn, tuple(args), dict(kwargs or {}))
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplicaContext(replica_id_in_sync_group={self._replica_id}, "
+            f"num_replicas_in_sync={self.num_replicas_in_sync})"
+        )
+
+
+def is_distributed(value: Any) -> bool:
+    """True for values that hold a component per replica."""
+    return isinstance(value, (PerReplica, Mirrored, DistributedValues))

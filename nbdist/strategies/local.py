@@ -1,0 +1,413 @@
+"""Replicas as threads of one process: the machinery of the default, one-device, mirrored and
+central-storage strategies.
+
+Replica 0 runs on the calling thread and the others on a small pool of long-lived threads, each
+in its own copy of the caller's `contextvars` (see Note [Local rendezvous] for collectives and
+Note [Replica views] for modules).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import contextvars
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from nbdist import context
+from nbdist.collectives.local import LocalGroup
+from nbdist.communication import CommunicationOptions
+from nbdist.cross_device_ops import CrossDeviceOps
+from nbdist.devices import physical_device
+from nbdist.errors import CollectiveMismatchError, ReplicaReleasedError
+from nbdist.reduce import ReduceOp
+from nbdist.strategies._replicas import ReplicaParameters
+from nbdist.strategies.base import ReplicaContext, Strategy
+from nbdist.values import regroup, select_replica
+from nbdist.variables import (
+    MirroredVariable,
+    SyncOnReadVariable,
+    Variable,
+    VariableAggregation,
+    VariableSynchronization,
+    colocation_devices,
+)
+
+__all__ = ["LocalStrategy"]
+
+
+class LocalStrategy(Strategy):
+    """A strategy whose replicas are devices of this process (one thread per replica).
+
+    Subclasses choose the devices, where variables live and the cross-device ops.
+    """
+
+    _central_storage = False
+
+    def __init__(
+        self,
+        devices: tuple[str, ...],
+        parameter_devices: tuple[str, ...],
+        cross_device_ops: CrossDeviceOps | None,
+        options: CommunicationOptions | None = None,
+    ):
+        super().__init__()
+        self._devices = devices
+        self._parameter_devices = parameter_devices
+        self._options = options or CommunicationOptions()
+        self._cross_device_ops = cross_device_ops
+        if cross_device_ops is not None:
+            cross_device_ops.check_devices(devices)
+            cross_device_ops.telemetry = self._telemetry
+            cross_device_ops._num_replicas_hint = len(devices)
+        self._group = LocalGroup(
+            len(devices), timeout=self._options.timeout, telemetry=self._telemetry
+        )
+        self._replicas = ReplicaParameters(
+            devices, central=self._central_storage, group=self._group
+        )
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._streams: dict[int, Any] = {}
+
+    # -- scope: capture modules -----------------------------------------------------------
+    @contextlib.contextmanager
+    def _scope_hooks(self) -> Iterator[None]:
+        if self._scope_depth > 1:
+            yield
+            return
+        register = torch.nn.modules.module
+        handles = [
+            register.register_module_parameter_registration_hook(self._on_registration),
+            register.register_module_buffer_registration_hook(self._on_registration),
+        ]
+        try:
+            with self._default_device(self._parameter_devices[0]):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            if self._is_multi_replica:
+                self._replicas.synchronize()
+
+    def _on_registration(self, module: torch.nn.Module, name: str, tensor: Any) -> None:
+        if (
+            self._is_multi_replica
+            and context.current_scope_strategy() is self
+            and context.current_replica_context() is None
+        ):
+            self._replicas.capture(tensor, sync_gradients=self._sync_gradients)
+
+    @contextlib.contextmanager
+    def _default_device(self, device: str) -> Iterator[None]:
+        target = physical_device(device)
+        if target.type == "cpu":
+            yield
+            return
+        with torch.device(target):
+            yield
+
+    # -- run ------------------------------------------------------------------------------
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        count = len(self._devices)
+        grad_enabled = torch.is_grad_enabled()
+        if count == 1:
+            ctx = ReplicaContext(self, self._local_replica_ids()[0], 0)
+            with context.enter_replica_context(ctx), self._replica_device(0):
+                return fn(*select_replica(0, args), **select_replica(0, kwargs))
+        self._group.begin_run()
+        self._replicas.synchronize()
+        self._replicas.active = True
+        try:
+            pool = self._thread_pool(count - 1)
+            futures = [
+                pool.submit(
+                    contextvars.copy_context().run, self._replica_main, k, fn, args, kwargs,
+                    grad_enabled,
+                )
+                for k in range(1, count)
+            ]  # fmt: skip
+            outcomes: list[tuple[bool, Any, float]] = [
+                contextvars.copy_context().run(
+                    self._replica_main, 0, fn, args, kwargs, grad_enabled
+                )
+            ]
+            outcomes += [future.result() for future in futures]
+        finally:
+            self._replicas.active = False
+        failures = [(when, k, value) for k, (ok, value, when) in enumerate(outcomes) if not ok]
+        if failures:
+            raise _first_failure(failures, count)
+        return regroup(
+            [value for _, value, _ in outcomes],
+            replica_ids=self._local_replica_ids(),
+            devices=self._devices,
+        )
+
+    def _replica_main(
+        self, k: int, fn: Callable[..., Any], args: tuple, kwargs: dict, grad_enabled: bool
+    ) -> tuple[bool, Any, float]:
+        ctx = ReplicaContext(self, self._local_replica_ids()[k], k)
+        try:
+            with (
+                context.enter_replica_context(ctx),
+                torch.set_grad_enabled(grad_enabled),
+                self._replica_device(k),
+                self._replica_view(k),
+            ):
+                result = fn(*select_replica(k, args), **select_replica(k, kwargs))
+        except BaseException as error:
+            self._group.replica_failed(k, error)
+            return False, error, time.monotonic()
+        self._group.replica_finished(k)
+        return True, result, 0.0
+
+    @contextlib.contextmanager
+    def _replica_view(self, k: int) -> Iterator[None]:
+        mode = self._replicas.view(k)
+        if mode is None:
+            yield
+            return
+        with mode:
+            yield
+
+    @contextlib.contextmanager
+    def _replica_device(self, k: int) -> Iterator[None]:
+        target = physical_device(self._devices[k])
+        if target.type != "cuda":
+            yield
+            return
+        stream = self._streams.get(k)
+        if stream is None:
+            stream = self._streams[k] = torch.cuda.Stream(device=target)
+        with torch.cuda.device(target), torch.cuda.stream(stream), torch.device(target):
+            yield
+        stream.synchronize()
+
+    def _thread_pool(self, workers: int) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="nbdist-replica"
+            )
+        return self._pool
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    # -- collectives ----------------------------------------------------------------------
+    def _replica_all_reduce(self, ctx: ReplicaContext, op: ReduceOp, value: Any, options) -> Any:
+        leaves, spec = pytree.tree_flatten(value)
+        tensors = [
+            leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf) for leaf in leaves
+        ]
+        if len(self._devices) == 1:
+            return value
+        ops = self._cross_ops()
+        devices = self._devices
+
+        def combine(payloads: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+            _check_alike("all_reduce", payloads)
+            per_value = [
+                [payloads[r][i] for r in range(len(payloads))] for i in range(len(tensors))
+            ]
+            if not per_value:
+                return [[] for _ in payloads]
+            groups: dict[torch.dtype, list[int]] = {}
+            for i, column in enumerate(per_value):
+                groups.setdefault(column[0].dtype, []).append(i)
+            out: list[list[Any]] = [[None] * len(per_value) for _ in payloads]
+            for indices in groups.values():
+                reduced = ops._reduce_packed(op, [per_value[i] for i in indices], devices)
+                for i, per_device in zip(indices, reduced):
+                    for r, tensor in enumerate(per_device):
+                        out[r][i] = tensor
+            return out
+
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        result = self._group.exchange(
+            ctx.local_replica_index, f"all_reduce:{op.value}", tensors, combine,
+            lambda shared, r: shared[r], nbytes=nbytes,
+            implementation=ops.implementation_name, timeout=self._timeout(options),
+        )  # fmt: skip
+        return pytree.tree_unflatten(result, spec)
+
+    def _replica_all_gather(self, ctx: ReplicaContext, value: Any, axis: int, options) -> Any:
+        leaves, spec = pytree.tree_flatten(value)
+        tensors = [
+            leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf) for leaf in leaves
+        ]
+        for tensor in tensors:
+            if tensor.dim() == 0 or not -tensor.dim() <= axis < tensor.dim():
+                raise ValueError(
+                    f"all_gather along axis {axis} needs values of rank > {axis}, got shape "
+                    f"{tuple(tensor.shape)}. Reshape scalars with tensor.reshape(1)."
+                )
+        if len(self._devices) == 1:
+            return value
+        devices = self._devices
+
+        def combine(payloads: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+            _check_alike("all_gather", payloads, except_axis=axis)
+            first = physical_device(devices[0])
+            return [
+                torch.cat([p[i].to(first) for p in payloads], dim=axis)
+                for i in range(len(payloads[0]))
+            ]
+
+        def finish(shared: list[torch.Tensor], r: int) -> list[torch.Tensor]:
+            target = physical_device(devices[r])
+            return [t.to(target, copy=r > 0) for t in shared]
+
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        result = self._group.exchange(
+            ctx.local_replica_index, f"all_gather:{axis}", tensors, combine, finish,
+            nbytes=nbytes, timeout=self._timeout(options),
+        )  # fmt: skip
+        return pytree.tree_unflatten(result, spec)
+
+    def _replica_merge_call(
+        self, ctx: ReplicaContext, merge_fn: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> Any:
+        if len(self._devices) == 1:
+            with context.enter_replica_context(None):
+                return merge_fn(self, *args, **kwargs)
+
+        def combine(payloads: list[tuple[tuple, dict]]) -> Any:
+            merged_args, merged_kwargs = regroup(
+                payloads, replica_ids=self._local_replica_ids(), devices=self._devices
+            )
+            with context.enter_replica_context(None):
+                return merge_fn(self, *merged_args, **merged_kwargs)
+
+        return self._group.exchange(
+            ctx.local_replica_index, "merge_call", (args, kwargs), combine,
+            lambda shared, r: select_replica(r, shared),
+        )  # fmt: skip
+
+    def _timeout(self, options: Any) -> float:
+        if isinstance(options, CommunicationOptions) and options.timeout_seconds is not None:
+            return options.timeout
+        return self._options.timeout
+
+    def _cross_ops(self) -> CrossDeviceOps:
+        from nbdist.reduction import _ops_for
+
+        return _ops_for(self)
+
+    # -- variables ------------------------------------------------------------------------
+    def _create_variable(
+        self,
+        initial_value: Any,
+        trainable: bool | None = None,
+        synchronization: Any = VariableSynchronization.AUTO,
+        aggregation: Any = VariableAggregation.NONE,
+        name: str | None = None,
+        dtype: torch.dtype | None = None,
+        **unused: Any,
+    ) -> Variable:
+        sync = _variable_enum(VariableSynchronization, synchronization)
+        agg = _variable_enum(VariableAggregation, aggregation)
+        name = name or "Variable"
+        if not self._is_multi_replica:
+            return _single_variable(
+                initial_value, trainable, sync, agg, name, dtype,
+                colocation_devices() or self._parameter_devices,
+            )  # fmt: skip
+        if sync is VariableSynchronization.NONE:
+            raise ValueError(
+                f"Variable {name!r} was created with synchronization=NONE inside the scope of "
+                f"{type(self).__name__}, which keeps a copy per replica and must keep them in "
+                "sync. Use AUTO, ON_WRITE or ON_READ, or create the variable outside the scope."
+            )
+        if context.current_replica_context() is not None:
+            raise RuntimeError(
+                f"Variable {name!r} was created inside strategy.run. Create variables (and "
+                "modules) in strategy.scope(), outside run, so every replica shares them."
+            )
+        if callable(initial_value):
+            initial_value = initial_value()
+        on_read = sync is VariableSynchronization.ON_READ
+        devices = colocation_devices() or (self._devices if on_read else self._parameter_devices)
+        trainable = (not on_read) if trainable is None else bool(trainable)
+        components = [
+            _single_variable(
+                initial_value, trainable, sync, agg,
+                name if k == 0 else f"{name}/replica_{k}", dtype, (device,),
+            )
+            for k, device in enumerate(devices)
+        ]  # fmt: skip
+        kind = SyncOnReadVariable if on_read else MirroredVariable
+        return kind(
+            self, components, tuple(devices), name=name, trainable=trainable,
+            synchronization=VariableSynchronization.ON_READ if on_read
+            else VariableSynchronization.ON_WRITE,
+            aggregation=agg,
+        )  # fmt: skip
+
+
+def _variable_enum(cls: Any, value: Any) -> Any:
+    from nbdist.variables import _enum
+
+    return _enum(cls, value, cls.__name__)
+
+
+def _single_variable(initial_value, trainable, sync, agg, name, dtype, devices) -> Variable:
+    variable = Variable.__new__(Variable)
+    variable.__init__(
+        initial_value, trainable=trainable, synchronization=sync, aggregation=agg, name=name,
+        dtype=dtype, device=devices[0],
+    )  # fmt: skip
+    return variable
+
+
+def _check_alike(what: str, payloads: list[list[torch.Tensor]], except_axis: int | None = None):
+    def signature(tensors: list[torch.Tensor]) -> list[tuple]:
+        out = []
+        for t in tensors:
+            shape = list(t.shape)
+            if except_axis is not None and shape:
+                shape[except_axis] = "*"
+            out.append((tuple(shape), t.dtype))
+        return out
+
+    first = signature(payloads[0])
+    for r, payload in enumerate(payloads[1:], start=1):
+        mine = signature(payload)
+        if mine != first:
+            raise CollectiveMismatchError(
+                f"{what} got different values on different replicas: replica 0 passed "
+                f"{_describe(payloads[0])} but replica {r} passed {_describe(payload)}. Every "
+                "replica must pass tensors of the same shapes and dtypes"
+                + (f" (except along axis {except_axis})." if except_axis is not None else ".")
+            )
+
+
+def _describe(tensors: list[torch.Tensor]) -> str:
+    return ", ".join(f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" for t in tensors)
+
+
+def _first_failure(failures: list[tuple[float, int, BaseException]], count: int) -> BaseException:
+    primary = [f for f in failures if not isinstance(f[2], ReplicaReleasedError)] or failures
+    _, replica, error = min(primary, key=lambda f: (f[0], f[1]))
+    _label(error, replica, count)
+    return error
+
+
+def _label(error: BaseException, replica: int, count: int) -> None:
+    """Put the replica id in the exception's message (its type and traceback are kept)."""
+    if getattr(error, "replica_id", None) is not None:
+        return
+    prefix = f"[replica {replica} of {count}] "
+    if error.args and isinstance(error.args[0], str):
+        error.args = (prefix + error.args[0], *error.args[1:])
+    elif not error.args:
+        error.args = (prefix.strip(),)
+    else:
+        error.args = (f"{prefix}{error.args[0]!r}", *error.args[1:])
+    with contextlib.suppress(AttributeError):
+        error.replica_id = replica  # type: ignore[attr-defined]

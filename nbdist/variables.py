@@ -1,0 +1,488 @@
+"""Variables: `Variable`, and the distributed kinds `MirroredVariable` and `SyncOnReadVariable`.
+
+`nd.Variable(...)` inside a multi-replica strategy's scope asks the strategy to build a
+distributed variable (TF's variable creator). Every variable works as a tensor in torch
+operations, reading the local component in replica context. Imports core modules only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import enum
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from nbdist import context
+from nbdist.devices import physical_device
+from nbdist.reduce import ReduceOp
+from nbdist.values import DistributedValues, PerReplica
+
+__all__ = [
+    "MirroredVariable",
+    "SyncOnReadVariable",
+    "Variable",
+    "VariableAggregation",
+    "VariableSynchronization",
+    "colocated_with",
+]
+
+
+class VariableSynchronization(enum.Enum):
+    """When a distributed variable's components are synchronised (TF's names)."""
+
+    AUTO = "AUTO"
+    NONE = "NONE"
+    ON_WRITE = "ON_WRITE"
+    ON_READ = "ON_READ"
+
+
+class VariableAggregation(enum.Enum):
+    """How replicas' writes (mirrored) or components (sync-on-read) are combined."""
+
+    NONE = "NONE"
+    SUM = "SUM"
+    MEAN = "MEAN"
+    ONLY_FIRST_REPLICA = "ONLY_FIRST_REPLICA"
+
+
+def _enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str) and value.upper() in cls.__members__:
+        return cls[value.upper()]
+    raise ValueError(f"Unknown {what} {value!r}; choose one of {[m.name for m in cls]}.")
+
+
+_colocate_devices: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "nbdist_colocate_devices", default=None
+)
+
+
+@contextlib.contextmanager
+def colocated_with(variable: Any) -> Iterator[None]:
+    """Variables created inside land on the devices of `variable` (`colocate_vars_with`)."""
+    devices = getattr(variable, "devices", None)
+    if not devices:
+        raise ValueError(
+            f"colocate_vars_with needs a variable created in strategy.scope(), got {variable!r}."
+        )
+    token = _colocate_devices.set(tuple(devices))
+    try:
+        yield
+    finally:
+        _colocate_devices.reset(token)
+
+
+def colocation_devices() -> tuple[str, ...] | None:
+    """The devices set by an active `colocate_vars_with`, if any."""
+    return _colocate_devices.get()
+
+
+class _VariableMeta(type):
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is Variable:
+            strategy = context.current_scope_strategy()
+            if strategy is not None:
+                return strategy._create_variable(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class Variable(metaclass=_VariableMeta):
+    """A mutable tensor that a strategy can place and keep in sync (TF's `tf.Variable`).
+
+    Outside any scope (and in the default or a `OneDeviceStrategy`'s scope) this is a plain
+    single-device variable; in a multi-replica strategy's scope the strategy returns a
+    `MirroredVariable` or `SyncOnReadVariable`.
+
+    Example:
+        >>> v = Variable(1.0)
+        >>> v.assign_add(2.0)
+        <nbdist.Variable 'Variable' shape=() dtype=torch.float32, value=3.0>
+        >>> v * 2
+        tensor(6.)
+    """
+
+    _is_distributed_variable = False
+
+    def __init__(
+        self,
+        initial_value: Any,
+        trainable: bool | None = None,
+        synchronization: VariableSynchronization | str = VariableSynchronization.AUTO,
+        aggregation: VariableAggregation | str = VariableAggregation.NONE,
+        name: str | None = None,
+        dtype: torch.dtype | None = None,
+        device: str | None = None,
+    ):
+        sync = _enum(VariableSynchronization, synchronization, "synchronization")
+        self._synchronization = sync
+        self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
+        self._trainable = (
+            (sync is not VariableSynchronization.ON_READ)
+            if trainable is None
+            else (bool(trainable))
+        )
+        self._name = name or "Variable"
+        if callable(initial_value):
+            initial_value = initial_value()
+        tensor = _as_tensor(initial_value, dtype)
+        self._device = device or _device_name(tensor.device)
+        self._tensor = tensor.detach().to(physical_device(self._device)).clone()
+
+    # -- reading --------------------------------------------------------------------------
+    def value(self) -> torch.Tensor:
+        """The current value (the local component in replica context)."""
+        return self._read()
+
+    def read_value(self) -> torch.Tensor:
+        """The current value, as a new tensor."""
+        return self._read().clone()
+
+    def numpy(self) -> Any:
+        """The value as a numpy array."""
+        return self._read().detach().cpu().numpy()
+
+    def _read(self) -> torch.Tensor:
+        return self._tensor
+
+    # -- writing --------------------------------------------------------------------------
+    def assign(self, value: Any, use_locking: bool = False, name: str | None = None) -> Variable:
+        """Write `value`; returns the variable."""
+        return self._write(value, "assign")
+
+    def assign_add(
+        self, delta: Any, use_locking: bool = False, name: str | None = None
+    ) -> Variable:
+        """Add `delta`; returns the variable."""
+        return self._write(delta, "assign_add")
+
+    def assign_sub(
+        self, delta: Any, use_locking: bool = False, name: str | None = None
+    ) -> Variable:
+        """Subtract `delta`; returns the variable."""
+        return self._write(delta, "assign_sub")
+
+    def _write(self, value: Any, method: str) -> Variable:
+        _apply(self._tensor, value, method)
+        return self
+
+    # -- attributes -----------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        """The device of the variable (of its primary component when distributed)."""
+        return self._device
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Every device holding a component."""
+        return (self._device,)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The element type."""
+        return self._read().dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        """The shape."""
+        return self._read().shape
+
+    @property
+    def name(self) -> str:
+        """The name given at creation."""
+        return self._name
+
+    @property
+    def trainable(self) -> bool:
+        """Whether optimizers should train it."""
+        return self._trainable
+
+    @property
+    def aggregation(self) -> VariableAggregation:
+        """How replicas' writes are aggregated."""
+        return self._aggregation
+
+    @property
+    def synchronization(self) -> VariableSynchronization:
+        """When components are synchronised."""
+        return self._synchronization
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The value for a checkpoint (`{"value": tensor}`)."""
+        return {"value": self._checkpoint_value().detach().clone()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from `state_dict()` output."""
+        if "value" not in state_dict:
+            raise KeyError(f"A variable state dict has one key, 'value'; got {list(state_dict)}.")
+        self._restore(state_dict["value"])
+
+    def _checkpoint_value(self) -> torch.Tensor:
+        return self._read()
+
+    def _restore(self, value: Any) -> None:
+        self.assign(value)
+
+    # -- tensor protocol ------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = pytree.tree_map_only(Variable, _read_leaf, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+    def __array__(self, *args, **kwargs):
+        return self.numpy().__array__(*args, **kwargs)
+
+    def __float__(self) -> float:
+        return float(self._read())
+
+    def __int__(self) -> int:
+        return int(self._read())
+
+    def __bool__(self) -> bool:
+        return bool(self._read())
+
+    def __repr__(self) -> str:
+        value = self._read()
+        shown = value.tolist() if value.numel() <= 8 else "..."
+        return (
+            f"<nbdist.Variable {self._name!r} shape={tuple(value.shape)} dtype={value.dtype}, "
+            f"value={shown}>"
+        )
+
+
+def _read_leaf(variable: Variable) -> torch.Tensor:
+    return variable._read()
+
+
+def _as_tensor(value: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
+    if isinstance(value, (Variable, DistributedValues)):
+        value = torch.as_tensor(value._read() if isinstance(value, Variable) else value.values[0])
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if dtype is not None:
+        tensor = tensor.to(dtype)
+    elif not isinstance(value, torch.Tensor) and tensor.dtype == torch.float64:
+        tensor = tensor.to(torch.get_default_dtype())
+    return tensor
+
+
+def _device_name(device: torch.device) -> str:
+    return f"{device.type}:{device.index or 0}"
+
+
+def _apply(target: torch.Tensor, value: Any, method: str) -> None:
+    if isinstance(value, PerReplica):
+        raise ValueError(
+            "Cannot write a PerReplica value to one variable component. Reduce it first "
+            "(strategy.reduce or extended.reduce_to)."
+        )
+    source = _as_tensor(value).to(target.device, target.dtype)
+    with torch.no_grad():
+        if method == "assign":
+            target.copy_(source.expand_as(target) if source.shape != target.shape else source)
+        elif method == "assign_add":
+            target.add_(source)
+        else:
+            target.sub_(source)
+
+
+_BINARY = (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "lt", "le", "gt", "ge",
+)  # fmt: skip
+
+
+def _delegate(op: Callable[..., Any], reflected: bool = False) -> Callable[..., Any]:
+    def method(self, *other):
+        value = self._read()
+        return op(other[0], value) if reflected else op(value, *other)
+
+    return method
+
+
+for _name in _BINARY:
+    _op = getattr(operator, _name)
+    setattr(Variable, f"__{_name}__", _delegate(_op))
+    if _name not in ("lt", "le", "gt", "ge"):
+        setattr(Variable, f"__r{_name}__", _delegate(_op, reflected=True))
+for _name in ("neg", "pos", "abs"):
+    setattr(Variable, f"__{_name}__", _delegate(getattr(operator, _name)))
+Variable.__getitem__ = _delegate(operator.getitem)
+
+
+class DistributedVariable(DistributedValues, Variable):
+    """A variable with one component (a single-device `Variable`) per device."""
+
+    _is_distributed_variable = True
+
+    def __init__(
+        self,
+        strategy: Any,
+        components: list[Variable],
+        devices: tuple[str, ...],
+        *,
+        name: str,
+        trainable: bool,
+        synchronization: VariableSynchronization,
+        aggregation: VariableAggregation,
+    ):
+        DistributedValues.__init__(self, components, devices=devices)
+        self._strategy = strategy
+        self._name = name
+        self._trainable = trainable
+        self._synchronization = synchronization
+        self._aggregation = aggregation
+        self._device = devices[0]
+
+    @property
+    def devices(self) -> tuple[str, ...]:  # type: ignore[override]
+        """Every device holding a component."""
+        return self._devices or ()
+
+    @property
+    def primary(self) -> Variable:
+        """The first component."""
+        return self._values[0]
+
+    def _component_for_replica(self) -> Variable | None:
+        replica = context.current_replica_context()
+        if replica is None or replica.strategy is not self._strategy:
+            return None
+        index = replica.local_replica_index
+        return self._values[index] if index < len(self._values) else self._values[0]
+
+    def __repr__(self) -> str:
+        inner = ",\n".join(f"  {i}: {v!r}" for i, v in enumerate(self._values))
+        return f"{type(self).__name__}:{{\n{inner}\n}}"
+
+    def _replica_device(self) -> torch.device | None:
+        replica = context.current_replica_context()
+        if replica is None:
+            return None
+        return physical_device(replica.devices[0])
+
+
+class MirroredVariable(DistributedVariable):
+    """A variable kept identical on every device (`synchronization=ON_WRITE`).
+
+    Cross-replica writes go to every component (a `PerReplica` value is refused); replica
+    writes are aggregated with the variable's `aggregation` first, so the copies never diverge.
+    """
+
+    def _read(self) -> torch.Tensor:
+        component = self._component_for_replica()
+        if component is None:
+            return self.primary._read()
+        tensor = component._read()
+        device = self._replica_device()
+        return tensor if device is None or tensor.device == device else tensor.to(device)
+
+    def _write(self, value: Any, method: str) -> Variable:
+        if context.current_replica_context() is None:
+            if isinstance(value, PerReplica):
+                raise ValueError(
+                    f"Cannot {method} a PerReplica value to MirroredVariable {self._name!r} in "
+                    "cross-replica context: its copies would diverge. Reduce the value first "
+                    "(strategy.reduce or extended.reduce_to) or assign inside strategy.run with "
+                    "an aggregation set on the variable."
+                )
+            if isinstance(value, DistributedValues):
+                value = value.values[0]
+            for component in self._values:
+                component._write(value, method)
+            return self
+        if self._aggregation is VariableAggregation.NONE:
+            raise ValueError(
+                f"MirroredVariable {self._name!r} has aggregation NONE, so a {method} inside "
+                "strategy.run would make its copies diverge. Create it with an aggregation, e.g. "
+                "nd.Variable(..., aggregation=nd.VariableAggregation.MEAN), or write it in "
+                "cross-replica context."
+            )
+        replica = context.current_replica_context()
+        aggregation = self._aggregation
+        variable = self
+
+        def merge(strategy: Any, per_replica: Any) -> None:
+            if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
+                merged = (
+                    per_replica.values[0] if isinstance(per_replica, PerReplica) else per_replica
+                )
+            else:
+                op = ReduceOp.SUM if aggregation is VariableAggregation.SUM else ReduceOp.MEAN
+                merged = (
+                    strategy.reduce(op, per_replica, axis=None)
+                    if isinstance(per_replica, PerReplica)
+                    else _same_value_aggregate(op, per_replica, strategy.num_replicas_in_sync)
+                )
+            for component in variable._values:
+                component._write(merged, method)
+
+        replica.merge_call(merge, args=(_as_tensor(value),))
+        return self
+
+
+def _same_value_aggregate(op: ReduceOp, value: Any, replicas: int) -> torch.Tensor:
+    tensor = _as_tensor(value)
+    return tensor * replicas if op is ReduceOp.SUM else tensor
+
+
+class SyncOnReadVariable(DistributedVariable):
+    """A variable each replica writes locally, aggregated when read in cross-replica context.
+
+    Used for metrics and batch-norm statistics: no communication until it is read.
+    """
+
+    def _read(self) -> torch.Tensor:
+        component = self._component_for_replica()
+        if component is not None:
+            return component._read()
+        return self._aggregate()
+
+    def _aggregate(self) -> torch.Tensor:
+        aggregation = self._aggregation
+        if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
+            return self.primary._read()
+        if aggregation is VariableAggregation.NONE:
+            raise ValueError(
+                f"SyncOnReadVariable {self._name!r} has aggregation NONE, so it has no "
+                "cross-replica value. Read it inside strategy.run, or create it with "
+                "aggregation SUM, MEAN or ONLY_FIRST_REPLICA."
+            )
+        tensors = [c._read().to(self.primary._read().device) for c in self._values]
+        op = ReduceOp.SUM if aggregation is VariableAggregation.SUM else ReduceOp.MEAN
+        return op.combine(tensors)
+
+    def _write(self, value: Any, method: str) -> Variable:
+        component = self._component_for_replica()
+        if component is not None:
+            component._write(value, method)
+            return self
+        if isinstance(value, PerReplica):
+            raise ValueError(
+                f"Cannot {method} a PerReplica value to SyncOnReadVariable {self._name!r} in "
+                "cross-replica context; assign inside strategy.run to write each replica's "
+                "component."
+            )
+        if self._aggregation is VariableAggregation.SUM:
+            if method != "assign":
+                raise ValueError(
+                    f"SyncOnReadVariable {self._name!r} with aggregation SUM does not support "
+                    f"{method} in cross-replica context (as in TensorFlow): the increment would "
+                    "be counted once per replica. Use assign, or do it inside strategy.run."
+                )
+            value = _as_tensor(value) / len(self._values)
+        for component in self._values:
+            component._write(value, method)
+        return self
+
+    def _checkpoint_value(self) -> torch.Tensor:
+        replica = context.current_replica_context()
+        if replica is None or replica.strategy is not self._strategy:
+            return self._aggregate()
+        if self._aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
+            return replica.all_gather(self._read().unsqueeze(0), axis=0)[0]
+        op = "SUM" if self._aggregation is VariableAggregation.SUM else "MEAN"
+        return replica.all_reduce(op, self._read())
