@@ -49,6 +49,7 @@ class CrossDeviceOps:
     def __init__(self) -> None:
         self.telemetry: Telemetry | None = None
         self._num_replicas_hint = 1
+        self._replicas_seen = 1
 
     # -- implement these ------------------------------------------------------------------
     def _reduce_tensors(
@@ -76,7 +77,8 @@ class CrossDeviceOps:
         tensors = self._components(op, per_replica_value)
         start = time.perf_counter()
         results = self._reduce_tensors(op, tensors, devices)
-        self._record(f"reduce:{op.value}", tensors, start)
+        self._replicas_seen = len(tensors)
+        self._record(f"reduce:{op.value}", tensors[:1], start)
         return _as_destination_value(results, devices)
 
     def batch_reduce(
@@ -106,9 +108,10 @@ class CrossDeviceOps:
                 reduced = self._reduce_packed(op, [prepared[i][0] for i in pack], devices)
                 for index, per_destination in zip(pack, reduced):
                     results[index] = _as_destination_value(per_destination, devices)
-        everything = [t for tensors, _ in prepared for t in tensors[:1]]
-        if everything:
-            self._record(f"batch_reduce:{op.value}", everything, start, count=len(prepared))
+        if prepared:
+            self._replicas_seen = len(prepared[0][0])
+            first_replica = [tensors[0] for tensors, _ in prepared]
+            self._record(f"batch_reduce:{op.value}", first_replica, start)
         return results
 
     def broadcast(self, tensor: torch.Tensor, destinations: Any) -> Any:
@@ -148,14 +151,16 @@ class CrossDeviceOps:
             )
         return [tensor]
 
-    def _record(self, op: str, tensors: list[torch.Tensor], start: float, count: int = 1) -> None:
+    def _record(self, op: str, tensors: list[torch.Tensor], start: float) -> None:
+        """Record one reduction: `tensors` are one replica's contributions."""
         telemetry = self.telemetry
         if telemetry is not None and telemetry.enabled:
             nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            replicas = tuple(range(self._replicas_seen))
             duration = time.perf_counter() - start
             telemetry.record(
-                op, nbytes, self.implementation_name, tuple(range(len(tensors))), start,
-                duration, (0.0,) * len(tensors),
+                op, nbytes, self.implementation_name, replicas, start, duration,
+                (0.0,) * len(replicas),
             )  # fmt: skip
 
 

@@ -423,6 +423,13 @@ class MirroredVariable(DistributedVariable):
         replica.merge_call(merge, args=(_as_tensor(value),))
         return self
 
+    def _restore(self, value: Any) -> None:
+        component = self._component_for_replica()
+        if component is None:
+            self._write(value, "assign")
+        else:  # every replica restores its own copy of the same checkpoint
+            component._write(value, "assign")
+
 
 def _same_value_aggregate(op: ReduceOp, value: Any, replicas: int) -> torch.Tensor:
     tensor = _as_tensor(value)
@@ -477,6 +484,15 @@ class SyncOnReadVariable(DistributedVariable):
         for component in self._values:
             component._write(value, method)
         return self
+
+    def _restore(self, value: Any) -> None:
+        component = self._component_for_replica()
+        if component is None:
+            self._write(value, "assign")
+            return
+        if self._aggregation is VariableAggregation.SUM:
+            value = _as_tensor(value) / len(self._values)
+        component._write(value, "assign")
 
     def _checkpoint_value(self) -> torch.Tensor:
         replica = context.current_replica_context()

@@ -109,7 +109,8 @@ class LocalGroup:
             implementation: Name recorded in telemetry.
             timeout: Seconds to wait for the others (default: the group's timeout).
         """
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         with self._cond:
             self._raise_if_released(replica, None)
             index = self._calls[replica]
@@ -134,7 +135,7 @@ class LocalGroup:
                 combining = True
             else:
                 combining = False
-                self._wait(slot, index, replica, deadline)
+                self._wait(slot, index, replica, deadline, timeout)
         if combining:
             try:
                 shared = combine(slot.payloads)
@@ -158,7 +159,7 @@ class LocalGroup:
                 self._slots.pop(index, None)
         return result
 
-    def _wait(self, slot: _Slot, index: int, replica: int, deadline: float) -> None:
+    def _wait(self, slot: _Slot, index: int, replica: int, deadline: float, timeout: float) -> None:
         while slot.state in ("open", "combining"):
             if slot.state == "open":
                 self._raise_if_released(replica, slot, index)
@@ -166,7 +167,7 @@ class LocalGroup:
             if remaining <= 0 and slot.state == "open":
                 missing = tuple(i for i, a in enumerate(slot.arrivals) if a is None)
                 raise CollectiveTimeoutError(
-                    f"Replica {replica} waited {self.timeout:g} s in {slot.kind} (collective "
+                    f"Replica {replica} waited {timeout:g} s in {slot.kind} (collective "
                     f"#{index}) but replica(s) {_names(missing)} never arrived. Make every "
                     "replica call the same collectives, or raise the timeout with "
                     "CommunicationOptions(timeout_seconds=...).",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +85,8 @@ class ReplicaParameters:
         self._versions: list[int] = []
         self._maps: list[dict[int, torch.Tensor]] = [{} for _ in devices]
         self._pending = [False] * len(devices)
-        self._shadows: dict[tuple[int, int], torch.optim.Optimizer] = {}
+        self._shadows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._shadow_lock = threading.Lock()
         self.active = False
 
     # -- capture and broadcast ------------------------------------------------------------
@@ -201,6 +203,10 @@ class ReplicaParameters:
 
     def before_step(self, optimizer: torch.optim.Optimizer, replica: int, args, kwargs):
         """Replacement `(args, kwargs)` for `optimizer.step` on `replica`, or None."""
+        with self._shadow_lock:
+            # Every replica's shadow copies the optimizer's state before any replica steps.
+            for k in range(1, len(self.devices)):
+                self._shadow(optimizer, k)
         if replica == 0:
             if self.central:
                 for group in optimizer.param_groups:
@@ -234,8 +240,8 @@ class ReplicaParameters:
                         self._versions[i] = p._version
 
     def _shadow(self, optimizer: torch.optim.Optimizer, replica: int) -> torch.optim.Optimizer:
-        key = (id(optimizer), replica)
-        shadow = self._shadows.get(key)
+        shadows = self._shadows.setdefault(optimizer, {})
+        shadow = shadows.get(replica)
         if shadow is None:
             shadow = optimizer.__class__.__new__(optimizer.__class__)
             shadow.__dict__.update(optimizer.__dict__)
@@ -247,7 +253,7 @@ class ReplicaParameters:
             if self.central:
                 shadow.param_groups = []
             shadow.state = _copy_state(optimizer, mapping)
-            self._shadows[key] = shadow
+            shadows[replica] = shadow
         for mine, theirs in zip(shadow.param_groups, optimizer.param_groups):
             for name, value in theirs.items():
                 if name != "params":

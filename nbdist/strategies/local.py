@@ -393,7 +393,7 @@ def _describe(tensors: list[torch.Tensor]) -> str:
 
 def _first_failure(failures: list[tuple[float, int, BaseException]], count: int) -> BaseException:
     primary = [f for f in failures if not isinstance(f[2], ReplicaReleasedError)] or failures
-    _, replica, error = min(primary, key=lambda f: (f[0], f[1]))
+    _, replica, error = min(primary, key=lambda f: f[1])
     _label(error, replica, count)
     return error
 
