@@ -281,13 +281,33 @@ def _apply(target: torch.Tensor, value: Any, method: str) -> None:
             "(strategy.reduce or extended.reduce_to)."
         )
     source = _as_tensor(value).to(target.device, target.dtype)
+    compatible = source.shape == target.shape or (
+        method != "assign" and torch.broadcast_shapes(source.shape, target.shape) == target.shape
+        if _broadcastable(source.shape, target.shape)
+        else False
+    )
+    if not compatible:
+        raise ValueError(
+            f"Cannot {method} a value of shape {tuple(source.shape)} to a variable of shape "
+            f"{tuple(target.shape)}: assign needs equal shapes (as in TensorFlow) and "
+            "assign_add/assign_sub a delta that broadcasts to the variable's shape. Reshape the "
+            "value, or create a new variable for the new shape."
+        )
     with torch.no_grad():
         if method == "assign":
-            target.copy_(source.expand_as(target) if source.shape != target.shape else source)
+            target.copy_(source)
         elif method == "assign_add":
             target.add_(source)
         else:
             target.sub_(source)
+
+
+def _broadcastable(a: torch.Size, b: torch.Size) -> bool:
+    try:
+        torch.broadcast_shapes(a, b)
+    except RuntimeError:
+        return False
+    return True
 
 
 _BINARY = (

@@ -637,3 +637,14 @@ def test_colocate_vars_with_a_tensor_raises():
         with pytest.raises(ValueError, match=r"colocate_vars_with needs a variable created in"):
             with strategy.extended.colocate_vars_with(torch.tensor(1.0)):
                 pass
+
+
+def test_assign_needs_equal_shapes_and_deltas_must_broadcast():
+    v = nd.Variable([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"assign a value of shape \(\) to a variable of shape"):
+        v.assign(5.0)
+    with pytest.raises(ValueError, match=r"shape \(3,\) to a variable of shape \(2,\)"):
+        v.assign([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"assign_add a value of shape \(3,\)"):
+        v.assign_add([1.0, 2.0, 3.0])
+    assert v.assign_add(1.0).numpy().tolist() == [2.0, 3.0]
