@@ -1,4 +1,4 @@
-"""`import nbdist` has no side effects: no Jupyter, widget or engine modules, no CUDA, no threads."""
+"""`import nbdist` has no side effects: no Jupyter or engine modules, no CUDA, no threads."""
 
 import subprocess
 import sys
