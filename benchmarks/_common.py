@@ -1,0 +1,245 @@
+"""Shared helpers for the in-process benchmarks: interleaved timing, tables and JSON results.
+
+Every benchmark compares nbdist against an *anchor* measured in the same process, in the same
+run, interleaved with it (the order alternates from trial to trial so slow drift and the other
+processes on a shared machine hit both sides alike). Results are medians of repeated trials;
+ratios are reported both as the ratio of the medians and as the median of the ratios of paired
+trials (a trial of A and a trial of B taken back to back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@contextlib.contextmanager
+def gc_paused(collect: bool = False) -> Iterator[None]:
+    """Keep the cyclic garbage collector off inside the block (optionally collect first).
+
+    A full `gc.collect()` costs ~70 ms with torch imported, so callers collect once per trial,
+    outside the timed blocks, not once per block.
+    """
+    was_enabled = gc.isenabled()
+    if collect:
+        gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def time_block(fn: Callable[[], Any], inner: int) -> float:
+    """Seconds per call of `fn`, timed over `inner` back-to-back calls with the GC off."""
+    with gc_paused():
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        return (time.perf_counter() - start) / inner
+
+
+def time_calls(fn: Callable[[], Any], calls: int) -> list[float]:
+    """Seconds of each of `calls` calls of `fn`, timed one by one with the GC off."""
+    out = []
+    with gc_paused():
+        clock = time.perf_counter
+        for _ in range(calls):
+            start = clock()
+            fn()
+            out.append(clock() - start)
+    return out
+
+
+def interleaved(
+    variants: dict[str, Callable[[], Any]], *, trials: int, inner: int, warmup: int = 3
+) -> dict[str, list[float]]:
+    """Per-call seconds of every variant, `trials` samples each, taken round-robin.
+
+    Even trials run the variants in the given order, odd trials in reverse order.
+    """
+    names = list(variants)
+    for name in names:
+        for _ in range(warmup):
+            variants[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for trial in range(trials):
+        order = names if trial % 2 == 0 else names[::-1]
+        with gc_paused(collect=trial % 10 == 0):
+            for name in order:
+                samples[name].append(time_block(variants[name], inner))
+    return samples
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """First and third quartiles (both the median for fewer than two values)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
+def median_ci(values: list[float], z: float = 1.96) -> tuple[float, float]:
+    """Distribution-free ~95 % confidence interval of the median (binomial order statistics)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = z * (n**0.5) / 2
+    lo = max(int(n / 2 - half), 0)
+    hi = min(int(n / 2 + half + 1), n - 1)
+    return ordered[lo], ordered[hi]
+
+
+def paired_ratios(numerator: list[float], denominator: list[float]) -> list[float]:
+    return [n / d for n, d in zip(numerator, denominator)]
+
+
+def summarize(samples: list[float]) -> dict[str, float]:
+    q1, q3 = quartiles(samples)
+    return {
+        "median_s": median(samples),
+        "q1_s": q1,
+        "q3_s": q3,
+        "min_s": min(samples),
+        "trials": len(samples),
+    }
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers depend on: versions, threads, cores and the load when we started."""
+    import nbdist
+
+    try:
+        load = os.getloadavg()
+    except OSError:  # not every platform has it
+        load = (float("nan"),) * 3
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "nbdist": getattr(nbdist, "__version__", "?"),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_num_threads": torch.get_num_threads(),
+        "torch_num_interop_threads": torch.get_num_interop_threads(),
+        "loadavg_at_start": [round(x, 2) for x in load],
+    }
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds >= 1e-1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-4:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.2f} us"
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain-text table with columns padded to fit."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for index, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def check(
+    metric: str,
+    value: float,
+    op: str,
+    threshold: float,
+    *,
+    unit: str = "x",
+    cross_check: float | None = None,
+    note: str = "",
+) -> dict[str, Any]:
+    """One target: `value op threshold`, with op one of `>=`, `>`, `<=`, `<`.
+
+    `value` is the primary statistic, `cross_check` another estimate of the same thing (ratio of
+    medians vs median of paired ratios). When they disagree by more than 20 % the machine was
+    too noisy to trust the verdict, and the check says so (`unstable`, printed `(noisy)`).
+    """
+    compare = {
+        ">=": value >= threshold, ">": value > threshold,
+        "<=": value <= threshold, "<": value < threshold,
+    }  # fmt: skip
+    passed = compare[op]
+    unstable = False
+    if cross_check is not None and value and cross_check:
+        unstable = max(value, cross_check) / min(value, cross_check) > 1.2
+    return {
+        "metric": metric,
+        "value": value,
+        "cross_check": cross_check,
+        "op": op,
+        "threshold": threshold,
+        "unit": unit,
+        "target": f"{op} {threshold:g}{unit}",
+        "pass": bool(passed),
+        "unstable": unstable,
+        "note": note,
+    }
+
+
+def verdict(c: dict[str, Any]) -> str:
+    """PASS or MISS, with a `(noisy)` warning when the two statistics disagree."""
+    word = "PASS" if c["pass"] else "MISS"
+    return f"{word} (noisy)" if c.get("unstable") else word
+
+
+def fmt_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f} %" if unit == "%" else f"{value:.3f}{unit}"
+
+
+def print_checks(checks: list[dict[str, Any]]) -> None:
+    rows = [
+        [
+            c["metric"], fmt_value(c["value"], c["unit"]),
+            fmt_value(c.get("cross_check"), c["unit"]), c["target"], verdict(c),
+        ]
+        for c in checks
+    ]  # fmt: skip
+    print(table(["check", "measured", "cross-check", "target", "result"], rows))
+
+
+def ratio_table(rows: list[list[Any]]) -> str:
+    """Rows of (name, ratio of medians, median of paired ratios)."""
+    return table(
+        ["ratio", "ratio of medians (primary)", "paired median (cross-check)"],
+        [[name, f"{a:.2f}x", f"{b:.2f}x"] for name, a, b in rows],
+    )
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """Write `benchmarks/results/<name>.json` and return its path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"name": name, **payload}, indent=2, default=str) + "\n")
+    return path
+
+
+def set_threads(threads: int) -> None:
+    """Use `threads` intra-op torch threads (0 keeps torch's default)."""
+    if threads > 0:
+        torch.set_num_threads(threads)
