@@ -11,9 +11,11 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "NbdistError",
+    "RendezvousError",
     "ReplicaError",
     "ReplicaReleasedError",
     "StrategyMixingError",
+    "WorkerLostError",
 ]
 
 
@@ -63,3 +65,18 @@ class CollectiveMismatchError(NbdistError, ValueError):
 
 class ClusterConfigError(NbdistError, ValueError):
     """A cluster description (TF_CONFIG, torchrun or Slurm variables, ClusterSpec) is malformed."""
+
+
+class WorkerLostError(NbdistError, RuntimeError):
+    """A worker process died, failed or stopped answering during a collective.
+
+    `missing` holds the ranks that did not take part; the message says what is known of each.
+    """
+
+    def __init__(self, message: str, *, missing: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.missing = missing
+
+
+class RendezvousError(NbdistError, RuntimeError):
+    """The workers could not meet to form their process group (port in use, a worker missing)."""

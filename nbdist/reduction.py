@@ -57,9 +57,15 @@ def _check_axis(axis: int, tensors: list[torch.Tensor], what: str) -> int:
 
 
 def reduce_value(strategy: Strategy, op: ReduceOp, value: Any, axis: int | None) -> Any:
-    """`Strategy.reduce` for one leaf: see the docstring there."""
+    """`Strategy.reduce` for one leaf: see the docstring there.
+
+    In a multi-worker strategy a plain value is this worker's replica's component, and the
+    local result is combined across workers (`strategy._across_workers`).
+    """
     n = strategy.num_replicas_in_sync
+    workers = strategy._num_workers
     tensors, distributed = _components(strategy, value)
+    distributed = distributed or workers > 1
     if axis is None:
         if not distributed:
             if op is ReduceOp.SUM and n > 1:
@@ -71,13 +77,18 @@ def reduce_value(strategy: Strategy, op: ReduceOp, value: Any, axis: int | None)
             return tensors[0]
         shapes = [tuple(t.shape) for t in tensors]
         if len(set(shapes)) > 1:
-            listed = ", ".join(f"replica {i}: {s}" for i, s in zip(value.replica_ids, shapes))
+            ids = getattr(value, "replica_ids", range(len(shapes)))
+            listed = ", ".join(f"replica {i}: {s}" for i, s in zip(ids, shapes))
             raise ValueError(
                 f"Cannot reduce per-replica values of different shapes with axis=None "
                 f"({listed}). Pass axis=0 to reduce along the batch dimension too (this handles "
                 "partial batches), or make every replica return the same shape."
             )
-        return op.combine(tensors)
+        if workers == 1:
+            return op.combine(tensors)
+        local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        total = strategy._across_workers(local_op, local_op.combine(tensors))
+        return _mean(total, n) if op is ReduceOp.MEAN else total
     dim = _check_axis(axis, tensors, "reduce")
     if not distributed:
         along = op.reduce_along(tensors[0], dim) if tensors[0].shape[dim] else None
@@ -86,20 +97,54 @@ def reduce_value(strategy: Strategy, op: ReduceOp, value: Any, axis: int | None)
         if op is ReduceOp.MEAN:
             return _mean(tensors[0].sum(dim=dim), tensors[0].shape[dim])
         return along
-    partials = [op.reduce_along(t, dim) for t in tensors if t.shape[dim] > 0]
-    count = sum(t.shape[dim] for t in tensors)
     rest = {tuple(t.shape[:dim] + t.shape[dim + 1 :]) for t in tensors}
     if len(rest) > 1:
         raise ValueError(
             f"Cannot reduce along axis {axis}: the other dimensions differ between replicas "
             f"({sorted(rest)}). Every replica must return the same shape apart from axis {axis}."
         )
+    partials = [op.reduce_along(t, dim) for t in tensors if t.shape[dim] > 0]
+    count = sum(t.shape[dim] for t in tensors)
+    if workers > 1:
+        return _reduce_along_across_workers(strategy, op, tensors[0], dim, partials, count)
     if not partials:
         empty = tensors[0].sum(dim=dim)
         return _mean(empty, 0) if op is ReduceOp.MEAN else empty
     if op is ReduceOp.MEAN:
         return _mean(ReduceOp.SUM.combine(partials), count)
     return op.combine(partials)
+
+
+def _reduce_along_across_workers(
+    strategy: Strategy,
+    op: ReduceOp,
+    like: torch.Tensor,
+    dim: int,
+    partials: list[torch.Tensor],
+    count: int,
+) -> torch.Tensor:
+    template = like.sum(dim=dim)
+    if op in (ReduceOp.SUM, ReduceOp.MEAN):
+        local = ReduceOp.SUM.combine(partials) if partials else torch.zeros_like(template)
+        total = strategy._across_workers(ReduceOp.SUM, local)
+        if op is ReduceOp.SUM:
+            return total
+        counted = strategy._across_workers(ReduceOp.SUM, torch.tensor(float(count)))
+        return (
+            _mean(total, 1).div_(counted)
+            if total.is_floating_point()
+            else (total.to(torch.get_default_dtype()) / counted)
+        )
+    if partials:
+        local = op.combine(partials)
+    else:
+        local = torch.full_like(template, _identity(op, template.dtype))
+    return strategy._across_workers(op, local)
+
+
+def _identity(op: ReduceOp, dtype: torch.dtype) -> float:
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return info.min if op is ReduceOp.MAX else info.max
 
 
 def _mean(total: torch.Tensor, count: int) -> torch.Tensor:
@@ -109,11 +154,11 @@ def _mean(total: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def gather_value(strategy: Strategy, value: Any, axis: int) -> torch.Tensor:
-    """`Strategy.gather` for one leaf."""
+    """`Strategy.gather` for one leaf (across workers too, lengths along `axis` may differ)."""
     if not isinstance(axis, int):
         raise TypeError(f"gather needs an int axis, got {axis!r}.")
     tensors, distributed = _components(strategy, value)
-    if not distributed:
+    if not distributed and strategy._num_workers == 1:
         tensors = tensors * len(strategy._devices)
     dim = _check_axis(axis, tensors, "gather")
     rest = {tuple(t.shape[:dim] + t.shape[dim + 1 :]) for t in tensors}
@@ -123,7 +168,10 @@ def gather_value(strategy: Strategy, value: Any, axis: int) -> torch.Tensor:
             f"Cannot gather along axis {axis}: the replicas' shapes ({shapes}) differ in "
             f"another dimension. Only axis {axis} may differ."
         )
-    return torch.cat(tensors, dim=dim)
+    local = torch.cat(tensors, dim=dim)
+    if strategy._num_workers > 1:
+        return strategy._gather_across_workers(local, dim)
+    return local
 
 
 def _ops_for(strategy: Strategy) -> CrossDeviceOps:

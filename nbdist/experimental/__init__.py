@@ -3,6 +3,7 @@
 from nbdist.communication import CommunicationImplementation, CommunicationOptions
 from nbdist.input import ValueContext
 from nbdist.strategies.central_storage import CentralStorageStrategy
+from nbdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 
 CollectiveCommunication = CommunicationImplementation
 
@@ -11,5 +12,6 @@ __all__ = [
     "CollectiveCommunication",
     "CommunicationImplementation",
     "CommunicationOptions",
+    "MultiWorkerMirroredStrategy",
     "ValueContext",
 ]

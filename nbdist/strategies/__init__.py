@@ -3,12 +3,14 @@
 from nbdist.strategies.base import ReplicaContext, Strategy, StrategyExtended
 from nbdist.strategies.central_storage import CentralStorageStrategy
 from nbdist.strategies.mirrored import MirroredStrategy
+from nbdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 from nbdist.strategies.one_device import DefaultStrategy, OneDeviceStrategy
 
 __all__ = [
     "CentralStorageStrategy",
     "DefaultStrategy",
     "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
     "ReplicaContext",
     "Strategy",

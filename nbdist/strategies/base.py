@@ -285,6 +285,14 @@ class Strategy:
     def _create_variable(self, **kwargs: Any) -> Any:
         raise NotImplementedError
 
+    def _across_workers(self, op: ReduceOp, tensor: torch.Tensor) -> torch.Tensor:
+        """Combine this worker's tensor with the other workers' (one worker: itself)."""
+        return tensor
+
+    def _gather_across_workers(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        """Concatenate this worker's tensor with the other workers' along `axis`."""
+        return tensor
+
     # -- helpers shared by subclasses -----------------------------------------------------
     def _local_replica_ids(self) -> tuple[int, ...]:
         first = self._worker_index * len(self._devices)

@@ -1,0 +1,475 @@
+"""Collectives between processes on `torch.distributed` (gloo or NCCL): the only module that
+calls torch.distributed collectives.
+
+Note [Checked collectives]: gloo aborts the process when ranks pass buffers of different sizes
+and silently mixes dtypes of the same width, so every user-facing collective first exchanges a
+fixed-size signature (op, shapes, dtypes) with one small `all_gather`; every rank then sees every
+signature and all raise the same clear error. Gradient buckets skip the check: their layout is
+checked once, when the model's scope exits.
+
+Note [Naming the missing rank]: each rank publishes a heartbeat (time and how many collectives
+it has entered) to the rendezvous store from a background thread. When a collective fails or
+times out, the survivors read the heartbeats and name the ranks that died, failed or never
+arrived.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nbdist.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    RendezvousError,
+    WorkerLostError,
+)
+from nbdist.reduce import ReduceOp
+from nbdist.telemetry import Telemetry
+
+__all__ = ["DistGroup"]
+
+_SIGNATURE_WIDTH = 64
+_MAX_DESCRIBED = 5
+_DIMS = 8
+_DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+]  # fmt: skip
+_DIST_OPS = {
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.MEAN: dist.ReduceOp.SUM,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+}
+_HEARTBEAT_SECONDS = 0.5
+
+
+class DistGroup:
+    """The process group of a multi-worker strategy, with checked, timed, recorded collectives.
+
+    Context: every method is a collective: every rank must call it, in the same order.
+    Hangs if: never; a rank that dies, fails or never arrives is named in a `WorkerLostError` or
+    `CollectiveTimeoutError` on every surviving rank within the timeout.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        backend: str,
+        device: torch.device,
+        timeout: float,
+        telemetry: Telemetry | None = None,
+    ):
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.device = device
+        self.timeout = timeout
+        self.telemetry = telemetry
+        self._entered = 0
+        self._broken: str | None = None
+        self._owns_group = False
+        self._stop = threading.Event()
+        self._store = _connect_store(master_addr, master_port, rank, world_size, timeout)
+        self._meet(timeout)
+        if dist.is_initialized():
+            if dist.get_world_size() != world_size or dist.get_rank() != rank:
+                raise RendezvousError(
+                    f"torch.distributed is already initialised as rank {dist.get_rank()} of "
+                    f"{dist.get_world_size()}, but this worker resolved rank {rank} of "
+                    f"{world_size}. Destroy the existing group or fix the cluster settings."
+                )
+        else:
+            dist.init_process_group(
+                backend,
+                store=dist.PrefixStore("nbdist/pg", self._store),
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=timeout),
+            )
+            self._owns_group = True
+        self._heartbeat_store = _connect_store(
+            master_addr, master_port, rank, world_size, timeout, client=True
+        )
+        self._heartbeat = threading.Thread(
+            target=self._beat, name=f"nbdist-heartbeat-{rank}", daemon=True
+        )
+        self._beat_once()
+        self._heartbeat.start()
+
+    # -- rendezvous and liveness ----------------------------------------------------------
+    def _meet(self, timeout: float) -> None:
+        self._store.set(f"nbdist/arrived/{self.rank}", "1")
+        keys = [f"nbdist/arrived/{r}" for r in range(self.world_size)]
+        deadline = time.monotonic() + timeout
+        while not self._store.check(keys):
+            if time.monotonic() > deadline:
+                missing = [r for r, k in enumerate(keys) if not self._store.check([k])]
+                raise RendezvousError(
+                    f"Worker(s) {missing} did not join within {timeout:g} s (this is rank "
+                    f"{self.rank} of {self.world_size}). Start every worker with the same "
+                    "cluster settings, or raise CommunicationOptions(timeout_seconds=...)."
+                )
+            self._stop.wait(0.01)
+
+    def _beat_once(self) -> None:
+        self._heartbeat_store.set(f"nbdist/hb/{self.rank}", f"{time.time():.3f} {self._entered}")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(_HEARTBEAT_SECONDS):
+            try:
+                self._beat_once()
+            except Exception:
+                return
+
+    def publish_failure(self, message: str) -> None:
+        """Tell the other ranks this one failed (read when their collective fails)."""
+        with contextlib.suppress(Exception):
+            self._heartbeat_store.set(f"nbdist/failed/{self.rank}", message[:500])
+
+    def _diagnose(self, what: str, error: BaseException) -> Exception:
+        """Name the ranks that did not take part in the failed collective `what`."""
+        self._broken = f"{what} failed: {error}"
+        first = self._read_heartbeats()
+        deadline = time.monotonic() + 2.5 * _HEARTBEAT_SECONDS + 1.0
+        latest = first
+        while time.monotonic() < deadline and any(v is not None for v in first.values()):
+            self._stop.wait(0.1)
+            latest = self._read_heartbeats()
+            if all(latest[r] != first[r] for r in latest if first[r] is not None):
+                break
+        problems: dict[int, str] = {}
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            failed = self._read_key(f"nbdist/failed/{r}")
+            if failed is not None:
+                problems[r] = f"rank {r} raised an error: {failed}"
+            elif latest.get(r) is None:
+                problems[r] = f"rank {r} is unreachable (the rendezvous on rank 0 may be gone)"
+            elif latest[r] == first[r]:
+                problems[r] = f"rank {r} stopped responding (its process exited or hung)"
+            elif int(latest[r].split()[1]) < self._entered:
+                problems[r] = (
+                    f"rank {r} never called this collective (it has entered "
+                    f"{latest[r].split()[1]} collectives, this rank {self._entered})"
+                )
+        missing = tuple(sorted(problems))
+        detail = "; ".join(problems.values()) or f"the backend reported: {error}"
+        timed_out = "timed out" in str(error).lower() or "timeout" in str(error).lower()
+        message = (
+            f"{what} on rank {self.rank} of {self.world_size} failed: {detail}. Make every "
+            "worker run the same collectives; a worker that died must be restarted together "
+            "with the others (create a new strategy on every worker)."
+        )
+        if timed_out and not any("raised" in p or "stopped" in p for p in problems.values()):
+            return CollectiveTimeoutError(message, missing=missing)
+        return WorkerLostError(message, missing=missing)
+
+    def _read_heartbeats(self) -> dict[int, str | None]:
+        return {
+            r: self._read_key(f"nbdist/hb/{r}") for r in range(self.world_size) if r != self.rank
+        }
+
+    def _read_key(self, key: str) -> str | None:
+        try:
+            if not self._heartbeat_store.check([key]):
+                return None
+            return self._heartbeat_store.get(key).decode()
+        except Exception:
+            return None
+
+    # -- running collectives --------------------------------------------------------------
+    def _collective(self, what: str, launch: Callable[[bool], Any], timeout: float | None) -> Any:
+        if self._broken is not None:
+            raise WorkerLostError(
+                f"The process group is unusable after an earlier failure ({self._broken}). "
+                "Restart the workers and create a new strategy."
+            )
+        self._entered += 1
+        try:
+            if timeout is None or timeout == self.timeout:
+                return launch(False)
+            work = launch(True)
+            work.wait(timedelta(seconds=timeout))
+            return work
+        except RuntimeError as error:
+            raise self._diagnose(what, error) from error
+
+    def check(self, what: str, tensors: Sequence[torch.Tensor], *, timeout: float | None = None):
+        """Verify every rank calls `what` with the same shapes and dtypes (one small gather).
+
+        Returns every rank's shapes, so `all_gather` can size its buffers.
+        """
+        mine = _signature(what, tensors)
+        gathered = torch.empty(self.world_size * _SIGNATURE_WIDTH, dtype=torch.int64)
+        local = mine.to(self.device)
+        out = gathered.to(self.device)
+        self._collective(
+            f"{what} (signature check)",
+            lambda async_op: _all_gather_flat(out, local, async_op=async_op),
+            timeout,
+        )
+        rows = out.cpu().view(self.world_size, _SIGNATURE_WIDTH)
+        if not bool((rows == rows[0]).all()):
+            descriptions = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
+            raise CollectiveMismatchError(
+                f"Workers called collectives that do not match ({descriptions}). Every worker "
+                "must call the same collective with tensors of the same shapes and dtypes "
+                "(check the data each worker feeds, and that no collective runs under a "
+                "rank-dependent `if`)."
+            )
+        return rows
+
+    def check_gather(self, what: str, tensor: torch.Tensor, axis: int, timeout: float | None):
+        """Like `check`, but lets shapes differ along `axis`; returns each rank's length."""
+        shape = list(tensor.shape)
+        probe = torch.empty([*shape[:axis], 0, *shape[axis + 1 :]], dtype=tensor.dtype)
+        mine = _signature(what, [probe])
+        mine[-1] = tensor.shape[axis]
+        out = torch.empty(self.world_size * _SIGNATURE_WIDTH, dtype=torch.int64, device=self.device)
+        self._collective(
+            f"{what} (signature check)",
+            lambda async_op: _all_gather_flat(out, mine.to(self.device), async_op=async_op),
+            timeout,
+        )
+        rows = out.cpu().view(self.world_size, _SIGNATURE_WIDTH)
+        if not bool((rows[:, :-1] == rows[0, :-1]).all()):
+            descriptions = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
+            raise CollectiveMismatchError(
+                f"Workers called {what} with values that differ in more than axis {axis} "
+                f"({descriptions}). Only the gathered axis may differ between workers."
+            )
+        return [int(n) for n in rows[:, -1]]
+
+    def all_reduce(
+        self,
+        tensors: Sequence[torch.Tensor],
+        op: ReduceOp,
+        *,
+        timeout: float | None = None,
+        compression: str | None = None,
+        check: bool = True,
+    ) -> list[torch.Tensor]:
+        """Reduce `tensors` across ranks; returns new tensors (one flat buffer per dtype)."""
+        if check:
+            self.check(f"all_reduce:{op.value}", tensors, timeout=timeout)
+        start = time.perf_counter()
+        results: list[Any] = [None] * len(tensors)
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, tensor in enumerate(tensors):
+            by_dtype.setdefault(tensor.dtype, []).append(i)
+        nbytes = 0
+        for dtype, indices in by_dtype.items():
+            parts = [tensors[i].to(self.device) for i in indices]
+            flat = (
+                torch.cat([p.reshape(-1) for p in parts])
+                if len(parts) > 1
+                else (parts[0].reshape(-1).clone())
+            )
+            wire = _compress(flat, compression)
+            nbytes += wire.numel() * wire.element_size()
+            self._collective(
+                f"all_reduce:{op.value}",
+                lambda async_op, w=wire: dist.all_reduce(w, _DIST_OPS[op], async_op=async_op),
+                timeout,
+            )
+            flat = wire.to(dtype) if wire.dtype != dtype else wire
+            if op is ReduceOp.MEAN:
+                flat = _mean(flat, self.world_size)
+            offset = 0
+            for i, part in zip(indices, parts):
+                results[i] = flat[offset : offset + part.numel()].view(part.shape)
+                offset += part.numel()
+        self._record(f"all_reduce:{op.value}", nbytes, start)
+        return results
+
+    def all_gather(
+        self, tensor: torch.Tensor, axis: int, *, timeout: float | None = None
+    ) -> torch.Tensor:
+        """Concatenate every rank's `tensor` along `axis`, in rank order (lengths may differ)."""
+        lengths = self.check_gather(f"all_gather:{axis}", tensor, axis, timeout)
+        start = time.perf_counter()
+        longest = max(lengths)
+        moved = tensor.to(self.device).movedim(axis, 0).contiguous()
+        padded = torch.zeros((longest, *moved.shape[1:]), dtype=moved.dtype, device=self.device)
+        padded[: moved.shape[0]] = moved
+        out = torch.empty((self.world_size * longest, *moved.shape[1:]), dtype=moved.dtype,
+                          device=self.device)  # fmt: skip
+        self._collective(
+            f"all_gather:{axis}",
+            lambda async_op: _all_gather_flat(out, padded, async_op=async_op),
+            timeout,
+        )
+        pieces = [out[r * longest : r * longest + n] for r, n in enumerate(lengths)]
+        self._record(f"all_gather:{axis}", padded.numel() * padded.element_size(), start)
+        return torch.cat(pieces).movedim(0, axis)
+
+    def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+        """Overwrite `tensors` on every rank with rank `src`'s values (one buffer per dtype)."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for tensor in tensors:
+            by_dtype.setdefault(tensor.dtype, []).append(tensor)
+        start = time.perf_counter()
+        nbytes = 0
+        for group in by_dtype.values():
+            flat = torch.cat([t.detach().reshape(-1).to(self.device) for t in group])
+            nbytes += flat.numel() * flat.element_size()
+            self._collective(
+                "broadcast",
+                lambda async_op, f=flat: dist.broadcast(f, src, async_op=async_op),
+                None,
+            )
+            offset = 0
+            with torch.no_grad():
+                for t in group:
+                    t.copy_(flat[offset : offset + t.numel()].view(t.shape))
+                    offset += t.numel()
+        self._record("broadcast", nbytes, start)
+
+    def all_reduce_async(self, flat: torch.Tensor) -> Any:
+        """Start a SUM all-reduce of `flat` in place (gradient buckets); returns its work."""
+        if self._broken is not None:
+            raise WorkerLostError(f"The process group is unusable ({self._broken}).")
+        self._entered += 1
+        try:
+            return dist.all_reduce(flat, dist.ReduceOp.SUM, async_op=True)
+        except RuntimeError as error:
+            raise self._diagnose("gradient all_reduce", error) from error
+
+    def wait(self, work: Any, what: str) -> None:
+        """Wait for an asynchronous collective, naming the missing ranks if it fails."""
+        try:
+            work.wait()
+        except RuntimeError as error:
+            raise self._diagnose(what, error) from error
+
+    def barrier(self, *, timeout: float | None = None) -> None:
+        """Wait until every rank arrives."""
+        token = torch.zeros(1, device=self.device)
+        self._collective(
+            "barrier", lambda async_op: dist.all_reduce(token, async_op=async_op), timeout
+        )
+
+    def record(self, op: str, nbytes: int, start: float) -> None:
+        """Record a collective run by someone else (gradient buckets)."""
+        self._record(op, nbytes, start)
+
+    def _record(self, op: str, nbytes: int, start: float) -> None:
+        telemetry = self.telemetry
+        if telemetry is not None and telemetry.enabled:
+            duration = time.perf_counter() - start
+            telemetry.record(op, nbytes, self.backend, (self.rank,), start, duration, (duration,))
+
+    def shutdown(self) -> None:
+        """Stop the heartbeat and leave the process group (if this object created it)."""
+        self._stop.set()
+        if self._owns_group and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        self._owns_group = False
+
+
+def _connect_store(
+    addr: str, port: int, rank: int, world_size: int, timeout: float, *, client: bool = False
+):
+    is_master = (
+        not client and rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    )
+    try:
+        return dist.TCPStore(
+            addr, port, world_size, is_master, timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )  # fmt: skip
+    except (RuntimeError, OSError) as error:
+        text = str(error).lower()
+        if "address already in use" in text or "eaddrinuse" in text or "errno 98" in text:
+            raise RendezvousError(
+                f"Port {port} on {addr} is already in use, so rank 0 cannot host the "
+                "rendezvous. Choose a free port (MASTER_PORT, or the first address in "
+                "TF_CONFIG), or stop the process holding it."
+            ) from error
+        raise RendezvousError(
+            f"Rank {rank} could not reach the rendezvous at {addr}:{port} within {timeout:g} s "
+            f"({error}). Check that rank 0 is running and the address and port are right."
+        ) from error
+
+
+def _all_gather_flat(output: torch.Tensor, local: torch.Tensor, async_op: bool = False) -> Any:
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, local, async_op=async_op)
+
+
+def _compress(flat: torch.Tensor, compression: str | None) -> torch.Tensor:
+    if compression is None or not flat.is_floating_point():
+        return flat
+    target = torch.bfloat16 if compression == "bf16" else torch.float16
+    return flat if flat.dtype == target else flat.to(target)
+
+
+def _mean(flat: torch.Tensor, count: int) -> torch.Tensor:
+    if not (flat.is_floating_point() or flat.is_complex()):
+        flat = flat.to(torch.get_default_dtype())
+    return flat.div_(count)
+
+
+def _signature(what: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    row = torch.zeros(_SIGNATURE_WIDTH, dtype=torch.int64)
+    layout = repr([(tuple(t.shape), str(t.dtype)) for t in tensors])
+    digest = hashlib.blake2b(f"{what}|{layout}".encode(), digest_size=7).digest()
+    row[0] = _op_code(what)
+    row[1] = len(tensors)
+    row[2] = int.from_bytes(digest, "big")
+    for k, tensor in enumerate(tensors[:_MAX_DESCRIBED]):
+        base = 3 + k * (_DIMS + 2)
+        row[base] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else 99
+        row[base + 1] = tensor.dim()
+        for d, size in enumerate(tensor.shape[:_DIMS]):
+            row[base + 2 + d] = size
+    return row
+
+
+def _describe(row: torch.Tensor) -> str:
+    count = int(row[1])
+    parts = []
+    for k in range(min(count, _MAX_DESCRIBED)):
+        base = 3 + k * (_DIMS + 2)
+        code, ndim = int(row[base]), int(row[base + 1])
+        dtype = str(_DTYPES[code]).replace("torch.", "") if code < len(_DTYPES) else "?"
+        shape = tuple(int(x) for x in row[base + 2 : base + 2 + min(ndim, _DIMS)])
+        parts.append(f"{shape} {dtype}")
+    more = f" and {count - _MAX_DESCRIBED} more" if count > _MAX_DESCRIBED else ""
+    return f"{_OP_NAMES.get(int(row[0]), 'another collective')} of {count} tensor(s) " + (
+        f"{', '.join(parts)}{more}"
+    )
+
+
+def _op_code(what: str) -> int:
+    return int.from_bytes(hashlib.blake2b(what.encode(), digest_size=7).digest(), "big")
+
+
+_OP_NAMES = {
+    _op_code(name): name
+    for name in [
+        *(f"all_reduce:{op.value}" for op in ReduceOp),
+        *(f"all_gather:{axis}" for axis in range(-4, 8)),
+        "merge_call",
+        "reduce",
+        "gather",
+        "gradient layout",
+    ]
+}

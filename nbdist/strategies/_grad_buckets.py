@@ -1,0 +1,155 @@
+"""Gradient averaging across worker processes, bucketed and overlapping the backward pass.
+
+Note [Gradient buckets]: parameters are packed, in reverse creation order (roughly the order
+backward produces their gradients), into flat buckets of `bytes_per_pack` bytes. A hook fires
+when a parameter's gradient is accumulated; when every gradient of a bucket is in, the bucket
+is copied into its flat buffer (cast to fp16/bf16 under compression) and an asynchronous
+all-reduce starts while backward goes on. Buckets start strictly in index order on every rank,
+so the collectives always match. A callback at the end of backward starts what is left
+(unused parameters count as zero), waits for all of it, and writes the averages back, so
+`optimizer.step()` and gradient clipping see averaged gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from nbdist.collectives.torch_dist import DistGroup
+
+__all__ = ["GradientBuckets"]
+
+_FIRST_BUCKET_BYTES = 1024 * 1024
+_DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+@dataclasses.dataclass
+class _Bucket:
+    params: list[torch.nn.Parameter]
+    offsets: list[int]
+    buffer: torch.Tensor
+    ready: int = 0
+    work: Any = None
+
+
+class GradientBuckets:
+    """Average the gradients of a set of parameters across all ranks after each backward.
+
+    Context: built in cross-replica context when a strategy's scope exits; active only while
+    `strategy.run` runs. Hangs if: never (collectives are checked and timed by `DistGroup`).
+    """
+
+    def __init__(self, group: DistGroup, *, bytes_per_pack: int = 0, compression: str | None):
+        self.group = group
+        self.bytes_per_pack = bytes_per_pack or _DEFAULT_BUCKET_BYTES
+        self.compression = compression
+        self.buckets: list[_Bucket] = []
+        self._where: dict[int, tuple[int, int]] = {}
+        self._launched = 0
+        self._pending = False
+        self._start = 0.0
+        self.active = False
+
+    def add(self, params: list[torch.nn.Parameter]) -> None:
+        """Put new parameters into buckets and hook their gradient accumulation."""
+        fresh = [p for p in params if p.requires_grad and id(p) not in self._where]
+        current: list[torch.nn.Parameter] = []
+        size = 0
+        limit = _FIRST_BUCKET_BYTES if not self.buckets else self.bytes_per_pack
+        for param in reversed(fresh):
+            nbytes = param.numel() * param.element_size()
+            if current and (size + nbytes > limit or param.dtype != current[0].dtype
+                            or param.device != current[0].device):  # fmt: skip
+                self._make_bucket(current)
+                current, size, limit = [], 0, self.bytes_per_pack
+            current.append(param)
+            size += nbytes
+        if current:
+            self._make_bucket(current)
+
+    def _make_bucket(self, params: list[torch.nn.Parameter]) -> None:
+        offsets, total = [], 0
+        for param in params:
+            offsets.append(total)
+            total += param.numel()
+        dtype = params[0].dtype
+        if self.compression and dtype.is_floating_point:
+            dtype = torch.bfloat16 if self.compression == "bf16" else torch.float16
+        index = len(self.buckets)
+        self.buckets.append(
+            _Bucket(params, offsets, torch.zeros(total, dtype=dtype, device=params[0].device))
+        )
+        for slot, param in enumerate(params):
+            self._where[id(param)] = (index, slot)
+            param.register_post_accumulate_grad_hook(self._on_grad)
+
+    def layout(self) -> list[torch.Tensor]:
+        """One empty tensor per bucket, shaped like its buffer (for a cross-rank check)."""
+        return [torch.empty(b.buffer.numel(), dtype=b.buffer.dtype) for b in self.buckets]
+
+    # -- during backward ------------------------------------------------------------------
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if not self.active:
+            return
+        if not self._pending:
+            self._pending = True
+            self._start = time.perf_counter()
+            engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+            engine.queue_callback(self._finish)
+        index, _ = self._where[id(param)]
+        bucket = self.buckets[index]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._launched < len(self.buckets):
+            bucket = self.buckets[self._launched]
+            if bucket.ready < len(bucket.params):
+                return
+            self._launch(bucket)
+            self._launched += 1
+
+    def _launch(self, bucket: _Bucket) -> None:
+        with torch.no_grad():
+            for param, offset in zip(bucket.params, bucket.offsets):
+                piece = bucket.buffer[offset : offset + param.numel()]
+                if param.grad is None:
+                    piece.zero_()
+                else:
+                    piece.copy_(param.grad.reshape(-1))
+        bucket.work = self.group.all_reduce_async(bucket.buffer)
+
+    def _finish(self) -> None:
+        self._pending = False
+        try:
+            for bucket in self.buckets[self._launched :]:
+                bucket.ready = len(bucket.params)
+            self._launch_ready()
+            nbytes = 0
+            scale = 1.0 / self.group.world_size
+            with torch.no_grad():
+                for bucket in self.buckets:
+                    self.group.wait(bucket.work, "gradient all_reduce")
+                    nbytes += bucket.buffer.numel() * bucket.buffer.element_size()
+                    for param, offset in zip(bucket.params, bucket.offsets):
+                        averaged = bucket.buffer[offset : offset + param.numel()]
+                        averaged = averaged.view(param.shape)
+                        if param.grad is None:
+                            param.grad = averaged.to(param.dtype).mul(scale)
+                        else:
+                            param.grad.copy_(averaged).mul_(scale)
+            self.group.record("gradient_sync", nbytes, self._start)
+        finally:
+            for bucket in self.buckets:
+                bucket.ready, bucket.work = 0, None
+            self._launched = 0
+
+
+def hook_count(buckets: GradientBuckets) -> int:
+    """How many parameters are hooked (for tests)."""
+    return len(buckets._where)

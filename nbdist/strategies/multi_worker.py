@@ -1,0 +1,397 @@
+"""`MultiWorkerMirroredStrategy`: one process per worker, joined in a torch.distributed group.
+
+Each process holds one replica (its GPU, chosen by `LOCAL_RANK`, or one CPU replica), so the
+replica id is the process's rank. The same training step that runs in one process runs here
+unchanged: modules created in `scope()` are broadcast from rank 0 and their gradients averaged
+in buckets during backward (Note [Gradient buckets]); `reduce`, `gather` and the replica
+collectives run across the workers (Note [Checked collectives]).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from nbdist import context
+from nbdist.cluster_resolver import ClusterResolver, TFConfigClusterResolver, resolve_cluster
+from nbdist.cluster_resolver.base import split_address
+from nbdist.collectives.torch_dist import DistGroup
+from nbdist.communication import CommunicationImplementation, CommunicationOptions
+from nbdist.devices import physical_device
+from nbdist.errors import ClusterConfigError
+from nbdist.reduce import ReduceOp
+from nbdist.strategies._grad_buckets import GradientBuckets
+from nbdist.strategies.base import ReplicaContext, Strategy
+from nbdist.values import DistributedValues
+from nbdist.variables import (
+    MirroredVariable,
+    SyncOnReadVariable,
+    Variable,
+    VariableAggregation,
+    VariableSynchronization,
+    colocation_devices,
+)
+
+__all__ = ["MultiWorkerMirroredStrategy", "WorkerTopology", "worker_topology"]
+
+_WORKER_JOBS = ("chief", "worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerTopology:
+    """Where this process stands among the workers."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    local_rank: int | None = None
+
+
+def worker_topology(resolver: ClusterResolver | None) -> WorkerTopology:
+    """This worker's rank, the number of workers and the rendezvous address.
+
+    Chief tasks come first, then workers (TensorFlow's order). The rendezvous is the first
+    task's address.
+
+    Raises:
+        ValueError: a task type MultiWorkerMirroredStrategy cannot run as, or a `WORLD_SIZE`
+            that disagrees with the cluster.
+    """
+    if resolver is None:
+        return WorkerTopology(0, 1, "127.0.0.1", 0)
+    spec = resolver.cluster_spec().as_dict()
+    tasks: list[tuple[str, int, str]] = []
+    for job in _WORKER_JOBS:
+        addresses = spec.get(job, [])
+        items = addresses.items() if isinstance(addresses, dict) else enumerate(addresses)
+        tasks += [(job, int(index), address) for index, address in sorted(items)]
+    if not tasks:
+        return WorkerTopology(0, 1, "127.0.0.1", 0)
+    task_type = resolver.task_type or "worker"
+    task_id = resolver.task_id or 0
+    if task_type not in _WORKER_JOBS:
+        raise ClusterConfigError(
+            f"This process is task {task_type!r} {task_id}, but MultiWorkerMirroredStrategy "
+            f"runs only on {list(_WORKER_JOBS)} tasks. Use ParameterServerStrategy for 'ps' "
+            "tasks, or start this process as a worker."
+        )
+    ranks = [(job, index) for job, index, _ in tasks]
+    if (task_type, task_id) not in ranks:
+        raise ClusterConfigError(
+            f"Task {task_type!r} {task_id} is not in the cluster {spec}. Fix the task index."
+        )
+    rank = ranks.index((task_type, task_id))
+    world_size = len(tasks)
+    declared = os.environ.get("WORLD_SIZE")
+    if declared is not None and declared.strip().isdigit() and int(declared) != world_size:
+        raise ClusterConfigError(
+            f"WORLD_SIZE is {declared} but the cluster from {type(resolver).__name__} has "
+            f"{world_size} worker(s) {[f'{j}:{i}' for j, i in ranks]}. Make them agree (unset "
+            "WORLD_SIZE, or fix TF_CONFIG / the launcher)."
+        )
+    host, port = split_address(tasks[0][2], variable="the first task's address")
+    local_rank = getattr(resolver, "local_rank", None)
+    return WorkerTopology(rank, world_size, host, port, local_rank)
+
+
+class MultiWorkerMirroredStrategy(Strategy):
+    """Synchronous data parallelism over worker processes (gloo on CPUs, NCCL on GPUs).
+
+    With no resolver it reads, in this order, `TF_CONFIG`, the torchrun variables and Slurm's;
+    with none of them it is a single worker.
+
+    Args:
+        cluster_resolver: Where the workers are; default: found from the environment.
+        communication_options: `CommunicationOptions` (implementation, timeout, bucket size,
+            compression).
+
+    Example:
+        >>> import nbdist as nd
+        >>> strategy = nd.MultiWorkerMirroredStrategy()  # no cluster variables: one worker
+        >>> strategy.num_replicas_in_sync
+        1
+    """
+
+    def __init__(
+        self,
+        cluster_resolver: ClusterResolver | None = None,
+        communication_options: CommunicationOptions | None = None,
+    ):
+        super().__init__()
+        if communication_options is None:
+            communication_options = CommunicationOptions()
+        if not isinstance(communication_options, CommunicationOptions):
+            raise TypeError(
+                "communication_options must be nbdist.experimental.CommunicationOptions, got "
+                f"{communication_options!r}."
+            )
+        self._options = communication_options
+        resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
+        self._cluster_resolver = resolver if resolver is not None else TFConfigClusterResolver()
+        topology = worker_topology(resolver)
+        device = _local_device(topology)
+        self._backend = _backend(communication_options.implementation, device)
+        self._devices = (device,)
+        self._parameter_devices = (device,)
+        self._num_workers = topology.world_size
+        self._worker_index = topology.rank
+        self._topology = topology
+        self._group: DistGroup | None = None
+        if topology.world_size > 1:
+            self._group = DistGroup(
+                rank=topology.rank,
+                world_size=topology.world_size,
+                master_addr=topology.master_addr,
+                master_port=topology.master_port,
+                backend=self._backend,
+                device=physical_device(device),
+                timeout=communication_options.timeout,
+                telemetry=self._telemetry,
+            )
+        self._captured: list[torch.Tensor] = []
+        self._captured_ids: set[int] = set()
+        self._buckets = (
+            GradientBuckets(
+                self._group,
+                bytes_per_pack=communication_options.bytes_per_pack,
+                compression=communication_options.compression,
+            )
+            if self._group is not None
+            else None
+        )
+        self._warned_outside = False
+
+    @property
+    def process_group_backend(self) -> str:
+        """The torch.distributed backend: "gloo" or "nccl"."""
+        return self._backend
+
+    def shutdown(self) -> None:
+        """Leave the process group (call on every worker when done)."""
+        if self._group is not None:
+            self._group.shutdown()
+
+    # -- scope ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _scope_hooks(self) -> Iterator[None]:
+        if self._scope_depth > 1:
+            yield
+            return
+        register = torch.nn.modules.module
+        fresh: list[torch.Tensor] = []
+        sync = self._sync_gradients
+
+        def capture(module: torch.nn.Module, name: str, tensor: Any) -> None:
+            if (
+                tensor is not None
+                and context.current_scope_strategy() is self
+                and context.current_replica_context() is None
+                and id(tensor) not in self._captured_ids
+            ):
+                self._captured_ids.add(id(tensor))
+                self._captured.append(tensor)
+                fresh.append(tensor)
+
+        handles = [
+            register.register_module_parameter_registration_hook(capture),
+            register.register_module_buffer_registration_hook(capture),
+        ]
+        target = physical_device(self._devices[0])
+        device_scope = torch.device(target) if target.type != "cpu" else contextlib.nullcontext()
+        try:
+            with device_scope:
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            if fresh and self._group is not None:
+                self._group.broadcast_(fresh, src=0)
+                params = [t for t in fresh if isinstance(t, torch.nn.Parameter)]
+                if sync and self._buckets is not None:
+                    before = len(self._buckets.buckets)
+                    self._buckets.add(params)
+                    layout = self._buckets.layout()[before:]
+                    self._group.check("gradient layout", layout)
+
+    # -- run ------------------------------------------------------------------------------
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        from nbdist.values import select_replica
+
+        ctx = ReplicaContext(self, self._worker_index, 0)
+        target = physical_device(self._devices[0])
+        device_scope = contextlib.ExitStack() if target.type != "cuda" else _cuda_scope(target)
+        if self._buckets is not None:
+            self._buckets.active = True
+        try:
+            with context.enter_replica_context(ctx), device_scope:
+                return fn(*select_replica(0, args), **select_replica(0, kwargs))
+        except BaseException as error:
+            if self._group is not None and not isinstance(error, KeyboardInterrupt):
+                self._group.publish_failure(f"{type(error).__name__}: {error}")
+            _label(error, self._worker_index, self.num_replicas_in_sync)
+            raise
+        finally:
+            if self._buckets is not None:
+                self._buckets.active = False
+
+    # -- collectives ----------------------------------------------------------------------
+    def _timeout(self, options: Any) -> float | None:
+        if isinstance(options, CommunicationOptions) and options.timeout_seconds is not None:
+            return options.timeout
+        return None
+
+    def _compression(self, options: Any) -> str | None:
+        return self._communication_options(options).compression
+
+    def _replica_all_reduce(self, ctx: ReplicaContext, op: ReduceOp, value: Any, options) -> Any:
+        from torch.utils import _pytree as pytree
+
+        leaves, spec = pytree.tree_flatten(value)
+        tensors = [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in leaves]
+        if self._group is None or not tensors:
+            return value
+        reduced = self._group.all_reduce(
+            tensors, op, timeout=self._timeout(options), compression=self._compression(options)
+        )
+        return pytree.tree_unflatten(reduced, spec)
+
+    def _replica_all_gather(self, ctx: ReplicaContext, value: Any, axis: int, options) -> Any:
+        from torch.utils import _pytree as pytree
+
+        leaves, spec = pytree.tree_flatten(value)
+        out = []
+        for leaf in leaves:
+            tensor = leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf)
+            if tensor.dim() == 0 or not -tensor.dim() <= axis < tensor.dim():
+                raise ValueError(
+                    f"all_gather along axis {axis} needs values of rank > {axis}, got shape "
+                    f"{tuple(tensor.shape)}. Reshape scalars with tensor.reshape(1)."
+                )
+            if self._group is None:
+                out.append(tensor)
+            else:
+                out.append(
+                    self._group.all_gather(
+                        tensor, axis % tensor.dim(), timeout=self._timeout(options)
+                    )
+                )
+        return pytree.tree_unflatten(out, spec)
+
+    def _replica_merge_call(
+        self, ctx: ReplicaContext, merge_fn: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> Any:
+        with context.enter_replica_context(None):
+            return merge_fn(self, *args, **kwargs)
+
+    def _across_workers(self, op: ReduceOp, tensor: torch.Tensor) -> torch.Tensor:
+        """Combine one local tensor across workers (used by reduce and variables)."""
+        if self._group is None:
+            return tensor
+        return self._group.all_reduce([tensor], op)[0]
+
+    def _gather_across_workers(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        if self._group is None:
+            return tensor
+        return self._group.all_gather(tensor, axis)
+
+    # -- variables ------------------------------------------------------------------------
+    def _create_variable(
+        self,
+        initial_value: Any,
+        trainable: bool | None = None,
+        synchronization: Any = VariableSynchronization.AUTO,
+        aggregation: Any = VariableAggregation.NONE,
+        name: str | None = None,
+        dtype: torch.dtype | None = None,
+        **unused: Any,
+    ) -> Variable:
+        from nbdist.strategies.local import _single_variable, _variable_enum
+
+        sync = _variable_enum(VariableSynchronization, synchronization)
+        agg = _variable_enum(VariableAggregation, aggregation)
+        name = name or "Variable"
+        if sync is VariableSynchronization.NONE:
+            raise ValueError(
+                f"Variable {name!r} was created with synchronization=NONE inside the scope of "
+                "MultiWorkerMirroredStrategy, which keeps a copy per worker in sync. Use AUTO, "
+                "ON_WRITE or ON_READ, or create the variable outside the scope."
+            )
+        if callable(initial_value):
+            initial_value = initial_value()
+        on_read = sync is VariableSynchronization.ON_READ
+        device = (colocation_devices() or self._devices)[0]
+        trainable = (not on_read) if trainable is None else bool(trainable)
+        component = _single_variable(initial_value, trainable, sync, agg, name, dtype, (device,))
+        if self._group is not None and not on_read:
+            self._group.broadcast_([component._tensor], src=0)
+        kind = SyncOnReadVariable if on_read else MirroredVariable
+        return kind(
+            self, [component], (device,), name=name, trainable=trainable,
+            synchronization=VariableSynchronization.ON_READ if on_read
+            else VariableSynchronization.ON_WRITE,
+            aggregation=agg,
+        )  # fmt: skip
+
+    # -- checks ---------------------------------------------------------------------------
+    def warn_if_not_captured(self, params: list[torch.Tensor]) -> None:
+        """Warn once when parameters made outside `scope()` are trained inside `run`."""
+        if self._warned_outside or self._group is None:
+            return
+        outside = [p for p in params if id(p) not in self._captured_ids]
+        if outside:
+            self._warned_outside = True
+            warnings.warn(
+                f"{len(outside)} parameter(s) trained inside strategy.run were created outside "
+                "strategy.scope(), so their gradients are not averaged across workers and the "
+                "workers' copies will drift apart. Create the model (and optimizer) inside "
+                "`with strategy.scope():`.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _label(error: BaseException, replica: int, count: int) -> None:
+    from nbdist.strategies.local import _label as label
+
+    if count > 1:
+        label(error, replica, count)
+
+
+@contextlib.contextmanager
+def _cuda_scope(target: torch.device) -> Iterator[None]:
+    with torch.cuda.device(target), torch.device(target):
+        yield
+
+
+def _local_device(topology: WorkerTopology) -> str:
+    count = torch.cuda.device_count()
+    if not count:
+        return "cpu:0"
+    local = topology.local_rank if topology.local_rank is not None else topology.rank
+    return f"cuda:{local % count}"
+
+
+def _backend(implementation: CommunicationImplementation, device: str) -> str:
+    on_gpu = device.startswith("cuda")
+    if implementation is CommunicationImplementation.NCCL:
+        if not on_gpu:
+            raise ValueError(
+                "CommunicationImplementation.NCCL needs a CUDA GPU on every worker, but this "
+                "machine has none. Use CommunicationImplementation.RING (gloo) or AUTO."
+            )
+        return "nccl"
+    if implementation is CommunicationImplementation.RING:
+        return "gloo"
+    return "nccl" if on_gpu else "gloo"
+
+
+def is_distributed(value: Any) -> bool:
+    """True for values holding a component per local replica."""
+    return isinstance(value, DistributedValues)
