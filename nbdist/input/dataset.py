@@ -29,6 +29,7 @@ from nbdist.input.errors import (
     InputTypeError,
 )
 from nbdist.input.options import InputOptions, InputReplicationMode
+from nbdist.input.sharding import shard_loader
 from nbdist.input.steps import ACCEPTED, Epochs, per_replica_steps, per_worker_steps, split_steps
 from nbdist.input.transfer import DeviceTransfer
 from nbdist.values import PerReplica
@@ -182,8 +183,19 @@ def distribute_dataset(
 
     A batch of `k` rows is split as TensorFlow splits it (`split_batch`): 7 over 2 replicas is
     4 | 3, 6 over 4 is 2 | 2 | 2 | 0. Local replica `j` of worker `w` is global replica
-    `w * len(devices) + j`; over an epoch every row is seen exactly once across workers (each
-    worker reads every global batch and keeps its slices). Slices are views of the batch.
+    `w * len(devices) + j`; over an epoch every row is seen exactly once across workers, and
+    every worker takes one step per global batch (a worker without rows in a batch gets
+    0-row slices, shaped and typed like the data). Slices are views of the batch.
+
+    With several workers, a `torch.utils.data.DataLoader` over a map-style dataset is sharded
+    by index: this worker's DataLoader (same settings, built once) reads only the indices of
+    its replicas' rows of each global batch that the original batch sampler draws, so
+    shuffling, seeds and `drop_last` are the original's (a worker without any row in a whole
+    epoch reads one row anyway, to learn the structure of its empty slices). Every worker must
+    draw the same global batches: a loader that shuffles needs a generator seeded the same on
+    every worker, and the workers must iterate the same epochs. Any other input (an iterable
+    dataset, a DataLoader subclass, a list, a generator) is read whole on every worker, which
+    keeps its slices.
 
     Args:
         dataset: An iterable of global batches: a DataLoader, a list, any re-iterable object.
@@ -199,8 +211,10 @@ def distribute_dataset(
     Raises:
         TypeError: `dataset` is not an iterable of batches (checked now); a batch leaf of an
             unsupported type (when iterated).
-        ValueError: bad devices, counts or options; a batch whose tensors disagree on the
-            leading size (when iterated).
+        ValueError: bad devices, counts or options; with several workers, a DataLoader that
+            shuffles without a generator, shards with a `DistributedSampler` or has
+            `in_order=False`; a batch whose tensors disagree on the leading size, or a sharded
+            DataLoader batch without one row per index (when iterated).
         NotImplementedError: `PER_REPLICA` replication mode.
 
     Example:
@@ -219,9 +233,16 @@ def distribute_dataset(
         )
     _check_iterable(dataset, f"experimental_distribute_dataset expects dataset to be {ACCEPTED}")
     devices, replica_ids = _topology(devices, num_replicas_in_sync, num_workers, worker_index)
+    sharded = shard_loader(dataset, replica_ids, num_replicas_in_sync, num_workers)
     source = Epochs(dataset, "the dataset")
+
+    def steps() -> Iterator[list[Any]]:
+        if sharded is not None:
+            return sharded.steps()
+        return split_steps(source, replica_ids, num_replicas_in_sync)
+
     return DistributedDataset(
-        steps=lambda: split_steps(source, replica_ids, num_replicas_in_sync),
+        steps=steps,
         length=lambda: _len(dataset, "dataset"),
         devices=devices,
         replica_ids=replica_ids,
