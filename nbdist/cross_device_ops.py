@@ -87,23 +87,38 @@ class CrossDeviceOps:
         value_destination_pairs: Sequence[tuple[Any, Any]],
         options: CommunicationOptions | None = None,
     ) -> list[Any]:
-        """Reduce many values at once: tensors are packed into flat buffers, one reduction each.
+        """Reduce many values at once: one reduction carries them all.
+
+        Values whose components and destinations share one physical device are reduced with
+        torch's multi-tensor (`_foreach`) kernels, one call for all of them; values that must
+        cross devices are packed into flat buffers of `bytes_per_pack` bytes.
 
         Context: cross-replica. Hangs if: never.
         """
         op = ReduceOp.from_value(reduce_op)
         pack_bytes = (options.bytes_per_pack if options else 0) or DEFAULT_PACK_BYTES
         start = time.perf_counter()
-        prepared = [
-            (self._components(op, value), resolve_destinations(dest))
-            for value, dest in value_destination_pairs
-        ]
+        resolved: dict[int, tuple[str, ...]] = {}
+        prepared = []
+        for value, dest in value_destination_pairs:
+            devices = resolved.get(id(dest))
+            if devices is None:
+                devices = resolved[id(dest)] = resolve_destinations(dest)
+            prepared.append((self._components(op, value), devices))
         results: list[Any] = [None] * len(prepared)
         groups: dict[tuple, list[int]] = {}
         for index, (tensors, devices) in enumerate(prepared):
-            key = (tensors[0].dtype, devices, len(tensors))
+            key = (tensors[0].dtype, devices, len(tensors), tensors[0].device)
             groups.setdefault(key, []).append(index)
-        for (_, devices, _), indices in groups.items():
+        for (dtype, devices, _, device), indices in groups.items():
+            columns = [prepared[i][0] for i in indices]
+            if self._fuse_in_place(op, dtype, device, devices):
+                per_destination = _foreach_reduce(op, columns, len(devices))
+                for k, index in enumerate(indices):
+                    results[index] = _as_destination_value(
+                        [out[k] for out in per_destination], devices
+                    )
+                continue
             for pack in _packs(indices, prepared, pack_bytes):
                 reduced = self._reduce_packed(op, [prepared[i][0] for i in pack], devices)
                 for index, per_destination in zip(pack, reduced):
@@ -113,6 +128,15 @@ class CrossDeviceOps:
             first_replica = [tensors[0] for tensors, _ in prepared]
             self._record(f"batch_reduce:{op.value}", first_replica, start)
         return results
+
+    def _fuse_in_place(
+        self, op: ReduceOp, dtype: torch.dtype, device: torch.device, devices: tuple[str, ...]
+    ) -> bool:
+        """True when a batch can be reduced with `_foreach` kernels where it lies."""
+        if self.implementation_name == "nccl" or not (dtype.is_floating_point or op is not
+                                                         ReduceOp.MEAN):  # fmt: skip
+            return False
+        return all(physical_device(d) == device for d in devices)
 
     def broadcast(self, tensor: torch.Tensor, destinations: Any) -> Any:
         """Copy `tensor` to every destination device (a `Mirrored` for several devices)."""
@@ -303,6 +327,33 @@ def _as_destination_value(results: list[torch.Tensor], devices: tuple[str, ...])
     if len(results) == 1:
         return results[0]
     return Mirrored(results, devices=devices)
+
+
+def _foreach_reduce(
+    op: ReduceOp, columns: list[list[torch.Tensor]], destinations: int
+) -> list[list[torch.Tensor]]:
+    """Reduce values (each a list of per-replica tensors on one device) with `_foreach` ops.
+
+    Returns one list of results per destination (copies for every destination after the first).
+    """
+    replicas = list(zip(*columns))
+    if len(replicas) == 1:
+        total = [t.clone() for t in replicas[0]]
+    elif op in (ReduceOp.SUM, ReduceOp.MEAN):
+        total = torch._foreach_add(list(replicas[0]), list(replicas[1]))
+        for more in replicas[2:]:
+            torch._foreach_add_(total, list(more))
+        if op is ReduceOp.MEAN:
+            torch._foreach_div_(total, float(len(replicas)))
+    else:
+        combine = torch._foreach_maximum if op is ReduceOp.MAX else torch._foreach_minimum
+        total = combine(list(replicas[0]), list(replicas[1]))
+        for more in replicas[2:]:
+            total = combine(total, list(more))
+    outputs = [total]
+    for _ in range(1, destinations):
+        outputs.append(torch._foreach_mul(total, 1))
+    return outputs
 
 
 def _packs(

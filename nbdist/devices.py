@@ -6,6 +6,7 @@ Imports only nbdist.errors and torch; never initialises CUDA beyond counting dev
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -21,6 +22,27 @@ _KIND_ALIASES = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda", "mps": "mps"}
 
 
 def canonical_device(device: str | torch.device | int) -> str:
+    """Normalise a device spelling to PyTorch's and check that the device exists (cached).
+
+    See `_canonical_device`.
+
+    Example:
+        >>> canonical_device("GPU:0") if torch.cuda.is_available() else "cuda:0"
+        'cuda:0'
+    """
+    if isinstance(device, torch.device):
+        device = str(device)
+    if isinstance(device, (str, int)):
+        return _canonical_cached(device)
+    return _canonical_device(device)
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical_cached(device: str | int) -> str:
+    return _canonical_device(device)
+
+
+def _canonical_device(device: str | torch.device | int) -> str:
     """Normalise a device spelling to PyTorch's and check that the device exists.
 
     TensorFlow spellings are accepted (`"CPU:0"`, `"/gpu:1"`, `"/device:GPU:1"`,

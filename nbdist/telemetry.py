@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import time
 from collections.abc import Sequence
 
@@ -69,11 +70,36 @@ class Telemetry:
     ) -> None:
         """Append one record (does nothing while `enabled` is False)."""
         if self.enabled:
-            self._log.append((op, nbytes, implementation, replicas, start, duration, tuple(waits)))
+            self._log.append((op, nbytes, implementation, replicas, start, duration, waits))
 
-    def records(self) -> list[CollectiveRecord]:
-        """The records kept, oldest first."""
-        return [CollectiveRecord(*entry) for entry in list(self._log)]
+    def record_arrivals(
+        self,
+        op: str,
+        nbytes: int,
+        implementation: str,
+        replicas: tuple[int, ...],
+        arrivals: Sequence[float],
+        ready: float,
+    ) -> None:
+        """Append a record from raw arrival times; start, duration and waits are derived on
+        read, which keeps the hot path to one append."""
+        if self.enabled:
+            self._log.append((op, nbytes, implementation, replicas, arrivals, ready))
+
+    def records(self, last: int | None = None) -> list[CollectiveRecord]:
+        """The records kept, oldest first (only the newest `last` when given).
+
+        Example:
+            >>> t = Telemetry()
+            >>> t.record_arrivals("all_reduce:SUM", 8, "local", (0, 1), (1.0, 1.5), 2.0)
+            >>> t.records(last=1)[0].waits
+            (0.5, 0.0)
+        """
+        if last is None:
+            entries = list(self._log)
+        else:
+            entries = list(itertools.islice(reversed(self._log), last))[::-1]
+        return [_as_record(entry) for entry in entries]
 
     def clear(self) -> None:
         """Forget every record."""
@@ -81,6 +107,16 @@ class Telemetry:
 
     def __len__(self) -> int:
         return len(self._log)
+
+
+def _as_record(entry: tuple) -> CollectiveRecord:
+    if len(entry) == 7:
+        op, nbytes, implementation, replicas, start, duration, waits = entry
+        return CollectiveRecord(op, nbytes, implementation, replicas, start, duration, tuple(waits))
+    op, nbytes, implementation, replicas, arrivals, ready = entry
+    first, last = min(arrivals), max(arrivals)
+    waits = tuple(last - a for a in arrivals)
+    return CollectiveRecord(op, nbytes, implementation, replicas, first, ready - first, waits)
 
 
 def now() -> float:

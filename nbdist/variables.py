@@ -427,16 +427,16 @@ class MirroredVariable(DistributedVariable):
 
         def merge(strategy: Any, per_replica: Any) -> None:
             if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
-                merged = (
+                first = (
                     per_replica.values[0] if isinstance(per_replica, PerReplica) else per_replica
                 )
+                merged = strategy._broadcast_from_first(_as_tensor(first))
+            elif isinstance(per_replica, PerReplica) or strategy._num_workers > 1:
+                op = ReduceOp.SUM if aggregation is VariableAggregation.SUM else ReduceOp.MEAN
+                merged = strategy.reduce(op, per_replica, axis=None)
             else:
                 op = ReduceOp.SUM if aggregation is VariableAggregation.SUM else ReduceOp.MEAN
-                merged = (
-                    strategy.reduce(op, per_replica, axis=None)
-                    if isinstance(per_replica, PerReplica)
-                    else _same_value_aggregate(op, per_replica, strategy.num_replicas_in_sync)
-                )
+                merged = _same_value_aggregate(op, per_replica, strategy.num_replicas_in_sync)
             for component in variable._values:
                 component._write(merged, method)
 
@@ -470,8 +470,9 @@ class SyncOnReadVariable(DistributedVariable):
 
     def _aggregate(self) -> torch.Tensor:
         aggregation = self._aggregation
+        strategy = self._strategy
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
-            return self.primary._read()
+            return strategy._broadcast_from_first(self.primary._read())
         if aggregation is VariableAggregation.NONE:
             raise ValueError(
                 f"SyncOnReadVariable {self._name!r} has aggregation NONE, so it has no "
@@ -479,8 +480,12 @@ class SyncOnReadVariable(DistributedVariable):
                 "aggregation SUM, MEAN or ONLY_FIRST_REPLICA."
             )
         tensors = [c._read().to(self.primary._read().device) for c in self._values]
-        op = ReduceOp.SUM if aggregation is VariableAggregation.SUM else ReduceOp.MEAN
-        return op.combine(tensors)
+        total = strategy._across_workers(ReduceOp.SUM, ReduceOp.SUM.combine(tensors))
+        if aggregation is VariableAggregation.SUM:
+            return total
+        if not total.is_floating_point():
+            total = total.to(torch.get_default_dtype())
+        return total / strategy.num_replicas_in_sync
 
     def _write(self, value: Any, method: str) -> Variable:
         component = self._component_for_replica()

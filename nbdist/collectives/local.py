@@ -59,6 +59,7 @@ class LocalGroup:
         self.size = size
         self.timeout = timeout
         self.telemetry = telemetry
+        self._replica_ids = tuple(range(size))
         self._cond = threading.Condition()
         self.begin_run()
 
@@ -196,15 +197,10 @@ class LocalGroup:
 
     def _record(self, slot: _Slot, kind: str, nbytes: int, implementation: str) -> None:
         telemetry = self.telemetry
-        if telemetry is None or not telemetry.enabled:
-            return
-        arrivals: Sequence[float] = slot.arrivals  # type: ignore[assignment]
-        first, last = min(arrivals), max(arrivals)
-        waits = tuple(last - a for a in arrivals)
-        telemetry.record(
-            kind, nbytes, implementation, tuple(range(self.size)), first,
-            slot.ready_at - first, waits,
-        )  # fmt: skip
+        if telemetry is not None and telemetry.enabled:
+            telemetry.record_arrivals(
+                kind, nbytes, implementation, self._replica_ids, slot.arrivals, slot.ready_at
+            )
 
 
 def _names(replicas: Sequence[int]) -> str:

@@ -293,6 +293,10 @@ class Strategy:
         """Concatenate this worker's tensor with the other workers' along `axis`."""
         return tensor
 
+    def _broadcast_from_first(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The first replica's value of `tensor` (other workers receive it)."""
+        return tensor
+
     # -- helpers shared by subclasses -----------------------------------------------------
     def _local_replica_ids(self) -> tuple[int, ...]:
         first = self._worker_index * len(self._devices)

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from nbdist import context
 from nbdist.collectives.local import LocalGroup
 from nbdist.communication import CommunicationOptions
-from nbdist.cross_device_ops import CrossDeviceOps
+from nbdist.cross_device_ops import CrossDeviceOps, NcclAllReduce
 from nbdist.devices import physical_device
 from nbdist.errors import CollectiveMismatchError, ReplicaReleasedError
 from nbdist.reduce import ReduceOp
@@ -209,30 +209,37 @@ class LocalStrategy(Strategy):
             return value
         ops = self._cross_ops()
         devices = self._devices
+        # Reduce once onto the first device; each replica copies its own result in parallel
+        # (`finish`), except NCCL, which leaves a result on every device itself.
+        targets = devices if isinstance(ops, NcclAllReduce) else devices[:1]
 
         def combine(payloads: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
             _check_alike("all_reduce", payloads)
             per_value = [
                 [payloads[r][i] for r in range(len(payloads))] for i in range(len(tensors))
             ]
-            if not per_value:
-                return [[] for _ in payloads]
+            out: list[list[Any]] = [[None] * len(per_value) for _ in targets]
             groups: dict[torch.dtype, list[int]] = {}
             for i, column in enumerate(per_value):
                 groups.setdefault(column[0].dtype, []).append(i)
-            out: list[list[Any]] = [[None] * len(per_value) for _ in payloads]
             for indices in groups.values():
-                reduced = ops._reduce_packed(op, [per_value[i] for i in indices], devices)
+                reduced = ops._reduce_packed(op, [per_value[i] for i in indices], targets)
                 for i, per_device in zip(indices, reduced):
                     for r, tensor in enumerate(per_device):
                         out[r][i] = tensor
             return out
 
+        def finish(shared: list[list[torch.Tensor]], r: int) -> list[torch.Tensor]:
+            if len(shared) > 1 or r == 0:
+                return shared[r if len(shared) > 1 else 0]
+            target = physical_device(devices[r])
+            return [t.to(target, copy=True) for t in shared[0]]
+
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         result = self._group.exchange(
-            ctx.local_replica_index, f"all_reduce:{op.value}", tensors, combine,
-            lambda shared, r: shared[r], nbytes=nbytes,
-            implementation=ops.implementation_name, timeout=self._timeout(options),
+            ctx.local_replica_index, f"all_reduce:{op.value}", tensors, combine, finish,
+            nbytes=nbytes, implementation=ops.implementation_name,
+            timeout=self._timeout(options),
         )  # fmt: skip
         return pytree.tree_unflatten(result, spec)
 

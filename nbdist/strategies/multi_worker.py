@@ -23,6 +23,7 @@ from nbdist.cluster_resolver import ClusterResolver, TFConfigClusterResolver, re
 from nbdist.cluster_resolver.base import split_address
 from nbdist.collectives.torch_dist import DistGroup
 from nbdist.communication import CommunicationImplementation, CommunicationOptions
+from nbdist.cross_device_ops import CrossDeviceOps
 from nbdist.devices import physical_device
 from nbdist.errors import ClusterConfigError
 from nbdist.reduce import ReduceOp
@@ -167,6 +168,10 @@ class MultiWorkerMirroredStrategy(Strategy):
             else None
         )
         self._warned_outside = False
+        self._cross_device_ops = _WorkerReduction(self)
+        self._cross_device_ops.telemetry = self._telemetry
+        if self._group is not None:
+            _install_outside_scope_check()
 
     @property
     def process_group_backend(self) -> str:
@@ -296,6 +301,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             return tensor
         return self._group.all_reduce([tensor], op)[0]
 
+    def _broadcast_from_first(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._group is None:
+            return tensor
+        copy = tensor.detach().clone()
+        self._group.broadcast_([copy], src=0)
+        return copy
+
     def _gather_across_workers(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
         if self._group is None:
             return tensor
@@ -353,8 +365,58 @@ class MultiWorkerMirroredStrategy(Strategy):
                 "workers' copies will drift apart. Create the model (and optimizer) inside "
                 "`with strategy.scope():`.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
+
+
+class _WorkerReduction(CrossDeviceOps):
+    """`reduce_to`/`batch_reduce_to` across workers: one checked all-reduce for a whole batch."""
+
+    implementation_name = "torch.distributed"
+
+    def __init__(self, strategy: MultiWorkerMirroredStrategy):
+        super().__init__()
+        self._strategy = strategy
+
+    def _local(self, op: ReduceOp, value: Any) -> torch.Tensor:
+        if isinstance(value, DistributedValues):
+            return op.combine([torch.as_tensor(v) for v in value.values])
+        return torch.as_tensor(value)
+
+    def _reduce_tensors(self, op, tensors, destinations):
+        local = op.combine(tensors) if len(tensors) > 1 else tensors[0]
+        return [self._strategy._across_workers(op, local)]
+
+    def reduce(self, reduce_op, per_replica_value, destinations, options=None):
+        op = ReduceOp.from_value(reduce_op)
+        return self._strategy._across_workers(op, self._local(op, per_replica_value))
+
+    def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
+        op = ReduceOp.from_value(reduce_op)
+        local = [self._local(op, value) for value, _ in value_destination_pairs]
+        group = self._strategy._group
+        if group is None or not local:
+            return local
+        return group.all_reduce(local, op, compression=self._strategy._compression(options))
+
+
+def _install_outside_scope_check() -> None:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    if not _outside_scope_hook:
+        _outside_scope_hook.append(register_optimizer_step_pre_hook(_check_outside_scope))
+
+
+_outside_scope_hook: list[Any] = []
+
+
+def _check_outside_scope(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    replica = context.current_replica_context()
+    strategy = replica.strategy if replica is not None else None
+    if isinstance(strategy, MultiWorkerMirroredStrategy):
+        strategy.warn_if_not_captured(
+            [p for group in optimizer.param_groups for p in group["params"]]
+        )
 
 
 def _label(error: BaseException, replica: int, count: int) -> None:
