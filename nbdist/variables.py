@@ -136,8 +136,8 @@ class Variable(metaclass=_VariableMeta):
 
     # -- reading --------------------------------------------------------------------------
     def value(self) -> torch.Tensor:
-        """The current value (the local component in replica context)."""
-        return self._read()
+        """The current value (the local component in replica context), as a snapshot."""
+        return self._read().clone()
 
     def read_value(self) -> torch.Tensor:
         """The current value, as a new tensor."""
@@ -145,7 +145,7 @@ class Variable(metaclass=_VariableMeta):
 
     def numpy(self) -> Any:
         """The value as a numpy array."""
-        return self._read().detach().cpu().numpy()
+        return self._read().detach().cpu().clone().numpy()
 
     def _read(self) -> torch.Tensor:
         return self._tensor
@@ -505,7 +505,7 @@ class SyncOnReadVariable(DistributedVariable):
                     f"{method} in cross-replica context (as in TensorFlow): the increment would "
                     "be counted once per replica. Use assign, or do it inside strategy.run."
                 )
-            value = _as_tensor(value) / len(self._values)
+            value = _as_tensor(value) / self._strategy.num_replicas_in_sync
         for component in self._values:
             component._write(value, method)
         return self
@@ -516,7 +516,7 @@ class SyncOnReadVariable(DistributedVariable):
             self._write(value, "assign")
             return
         if self._aggregation is VariableAggregation.SUM:
-            value = _as_tensor(value) / len(self._values)
+            value = _as_tensor(value) / self._strategy.num_replicas_in_sync
         component._write(value, "assign")
 
     def _checkpoint_value(self) -> torch.Tensor:

@@ -139,7 +139,9 @@ class DistGroup:
     def publish_failure(self, message: str) -> None:
         """Tell the other ranks this one failed (read when their collective fails)."""
         with contextlib.suppress(Exception):
-            self._heartbeat_store.set(f"nbdist/failed/{self.rank}", message[:500])
+            self._heartbeat_store.set(
+                f"nbdist/failed/{self.rank}", f"{self._entered} {message[:500]}"
+            )
 
     def _diagnose(self, what: str, error: BaseException) -> Exception:
         """Name the ranks that did not take part in the failed collective `what`."""
@@ -156,7 +158,7 @@ class DistGroup:
         for r in range(self.world_size):
             if r == self.rank:
                 continue
-            failed = self._read_key(f"nbdist/failed/{r}")
+            failed = _current_failure(self._read_key(f"nbdist/failed/{r}"), latest.get(r))
             if failed is not None:
                 problems[r] = f"rank {r} raised an error: {failed}"
             elif latest.get(r) is None:
@@ -239,8 +241,10 @@ class DistGroup:
         """Like `check`, but lets shapes differ along `axis`; returns each rank's length."""
         shape = list(tensor.shape)
         probe = torch.empty([*shape[:axis], 0, *shape[axis + 1 :]], dtype=tensor.dtype)
-        mine = _signature(what, [probe])
-        mine[-1] = tensor.shape[axis]
+        mine = _signature(what, [tensor])
+        mine[2] = _signature(what, [probe])[2]  # the layout hash ignores the gathered axis
+        column = 3 + 2 + axis if axis < _DIMS else _SIGNATURE_WIDTH - 1
+        mine[column] = tensor.shape[axis]
         out = torch.empty(self.world_size * _SIGNATURE_WIDTH, dtype=torch.int64, device=self.device)
         self._collective(
             f"{what} (signature check)",
@@ -248,13 +252,20 @@ class DistGroup:
             timeout,
         )
         rows = out.cpu().view(self.world_size, _SIGNATURE_WIDTH)
-        if not bool((rows[:, :-1] == rows[0, :-1]).all()):
+        keep = torch.ones(_SIGNATURE_WIDTH, dtype=torch.bool)
+        keep[column] = False
+        if not bool((rows[:, keep] == rows[0, keep]).all()):
             descriptions = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
+            if bool((rows[:, 0] == rows[0, 0]).all()):
+                raise CollectiveMismatchError(
+                    f"Workers called {what} with values that differ in more than axis {axis} "
+                    f"({descriptions}). Only the gathered axis may differ between workers."
+                )
             raise CollectiveMismatchError(
-                f"Workers called {what} with values that differ in more than axis {axis} "
-                f"({descriptions}). Only the gathered axis may differ between workers."
+                f"Workers called collectives that do not match ({descriptions}). Every worker "
+                "must call the same collective, in the same order."
             )
-        return [int(n) for n in rows[:, -1]]
+        return [int(n) for n in rows[:, column]]
 
     def all_reduce(
         self,
@@ -382,6 +393,16 @@ class DistGroup:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self._owns_group = False
+
+
+def _current_failure(notice: str | None, heartbeat: str | None) -> str | None:
+    """The failure a rank published, unless it has entered collectives since (stale)."""
+    if notice is None:
+        return None
+    count, _, message = notice.partition(" ")
+    if heartbeat is not None and count.isdigit() and int(heartbeat.split()[1]) > int(count):
+        return None
+    return message
 
 
 def _connect_store(

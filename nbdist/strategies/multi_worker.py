@@ -25,7 +25,7 @@ from nbdist.collectives.torch_dist import DistGroup
 from nbdist.communication import CommunicationImplementation, CommunicationOptions
 from nbdist.cross_device_ops import CrossDeviceOps
 from nbdist.devices import physical_device
-from nbdist.errors import ClusterConfigError
+from nbdist.errors import ClusterConfigError, CollectiveMismatchError
 from nbdist.reduce import ReduceOp
 from nbdist.strategies._grad_buckets import GradientBuckets
 from nbdist.strategies.base import ReplicaContext, Strategy
@@ -238,7 +238,9 @@ class MultiWorkerMirroredStrategy(Strategy):
             with context.enter_replica_context(ctx), device_scope:
                 return fn(*select_replica(0, args), **select_replica(0, kwargs))
         except BaseException as error:
-            if self._group is not None and not isinstance(error, KeyboardInterrupt):
+            if self._group is not None and not isinstance(
+                error, (KeyboardInterrupt, CollectiveMismatchError)
+            ):
                 self._group.publish_failure(f"{type(error).__name__}: {error}")
             _label(error, self._worker_index, self.num_replicas_in_sync)
             raise

@@ -451,14 +451,6 @@ def test_sync_on_read_variables_aggregate_across_workers_when_read(reports):
         assert "SUM" in v["after_second"]["sor_sum_add_error"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "nbdist bug: SyncOnReadVariable._write/_restore (nbdist/variables.py:508,519) divide a "
-        "cross-replica assign of a SUM variable by the local component count, not by "
-        "num_replicas_in_sync, so over 2 workers assign(10) reads back 20"
-    ),
-)
 def test_cross_replica_assign_of_sum_sync_on_read_splits_over_all_replicas(reports):
     # API.md §5: SUM writes value / N to each of the N components; the read gives value back.
     for out in reports:

@@ -141,14 +141,6 @@ def test_mismatched_collective_raises_on_every_worker_naming_both(mismatch, case
         assert error["elapsed"] < 5  # checked before the launch: no waiting for the timeout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "nbdist bug: DistGroup.check_gather (nbdist/collectives/torch_dist.py:241-243) builds "
-        "the signature from a probe whose gathered axis is 0, so the message shows shapes "
-        "(0, 3) and (0, 4) for tensors of shape (2, 3) and (2, 4)"
-    ),
-)
 def test_all_gather_mismatch_names_the_real_shapes(mismatch):
     for out in mismatch:
         for case in ("gather_other_dim", "gather_across_workers"):
@@ -209,20 +201,7 @@ report(out)
     [
         ("strategy_wide", 5),
         ("per_call", 3),
-        pytest.param(
-            "after_recovered_error",
-            5,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "nbdist bug: the failure marker MultiWorkerMirroredStrategy."
-                    "_call_for_each_replica publishes (nbdist/strategies/multi_worker.py:242, "
-                    "DistGroup.publish_failure, torch_dist.py:139) is never cleared, so a later "
-                    "timeout is misreported as WorkerLostError 'rank 1 raised an error: <the "
-                    "earlier, recovered error>'"
-                ),
-            ),
-        ),
+        ("after_recovered_error", 5),
     ],
 )
 def test_collective_called_on_one_worker_times_out_naming_the_other(tmp_path, variant, timeout):
