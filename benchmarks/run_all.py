@@ -22,6 +22,9 @@ BENCHMARKS = [
     ("batch_reduce", "bench_batch_reduce.py"),
     ("all_reduce", "bench_all_reduce.py"),
     ("telemetry", "bench_telemetry.py"),
+    ("multi_worker_allreduce", "bench_multi_worker_allreduce.py"),
+    ("multi_worker_training", "bench_multi_worker_training.py"),
+    ("multi_worker_batch_reduce", "bench_multi_worker_batch_reduce.py"),
 ]
 
 

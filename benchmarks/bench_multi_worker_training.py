@@ -1,0 +1,276 @@
+"""Training steps/s of `MultiWorkerMirroredStrategy` vs hand-written PyTorch DDP, 2 gloo workers.
+
+Setup: 2 worker processes (torchrun variables, one CPU replica and one torch thread each). The
+strategy is created first and creates the default process group; a DDP model
+(`torch.nn.parallel.DistributedDataParallel`, default buckets) of the same architecture and
+initial weights uses that same group. Both train, in blocks interleaved on both workers, with
+the same fixed batch of 64 examples per replica (128 per step), cross-entropy, SGD with
+momentum 0.9:
+
+- `nbdist`: model and optimizer made in `strategy.scope()`, the step (`zero_grad`, forward,
+  `backward`, `optimizer.step()`) in `strategy.run(step, args=(x, y))`; nbdist averages the
+  gradients in buckets during backward.
+- `DDP` (the anchor): the same step, outside any strategy.
+
+Models: (i) `mlp`: MLP 784-512-512-10 (6 parameter tensors, 2.7 MB of gradients); (ii)
+`small100`: 50 `Linear(16, 16)` in a row (100 small parameter tensors, 54 KB), where per-tensor
+overheads dominate. Targets: nbdist >= 0.95x DDP's steps/s on both.
+
+Compression: a second pair of workers (nbdist refuses a second strategy in one process) makes the
+strategy with `CommunicationOptions(compression="bf16")` and compares it, again interleaved,
+with plain fp32 DDP (target: >= 1.3x DDP's steps/s on the MLP) and, for information, with DDP
+plus a bf16 communication hook
+(PyTorch's `bf16_compress_hook` written out: PyTorch's own refuses CPU tensors).
+
+Both sides take the same steps from the same weights, so after timing, the uncompressed nbdist
+and DDP models are compared (world size 2: both averages are exact, they should be identical).
+For information, each launch also times the same step on a third, local model with no
+communication at all: its steps/s over DDP's is the most any gradient sync (compressed or not)
+could gain over DDP on this machine.
+
+Run: `python benchmarks/bench_multi_worker_training.py [--quick]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from _common import (
+    check,
+    environment,
+    fmt_time,
+    median,
+    paired_ratios,
+    print_checks,
+    summarize,
+    table,
+    write_result,
+)
+from bench_multi_worker_common import launch, lockstep, worker_setup
+
+NAME = "multi_worker_training"
+BATCH_PER_REPLICA = 64
+MODELS = ("mlp", "small100")
+# (steps per timed block, trials) per model.
+PLAN = {"mlp": (5, 20), "small100": (10, 20)}
+TARGET = 0.95
+BF16_TARGET = 1.3
+
+
+def _build(name: str) -> Any:
+    import torch
+
+    if name == "mlp":
+        return torch.nn.Sequential(
+            torch.nn.Linear(784, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, 10),
+        )
+    return torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(50)])
+
+
+def _batch(name: str, rank: int) -> tuple[Any, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(100 + rank)
+    features, classes = (784, 10) if name == "mlp" else (16, 16)
+    x = torch.randn(BATCH_PER_REPLICA, features, generator=generator)
+    y = torch.randint(0, classes, (BATCH_PER_REPLICA,), generator=generator)
+    return x, y
+
+
+def _bf16_hook(state, bucket):  # unannotated: DDP checks the annotations it finds
+    """PyTorch's `bf16_compress_hook`, which refuses CPU tensors (it wants NCCL or XCCL)."""
+    import torch
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    future = dist.all_reduce(compressed, async_op=True).get_future()
+
+    def decompress(done: Any) -> Any:
+        buffer.copy_(done.value()[0])
+        return buffer
+
+    return future.then(decompress)
+
+
+def _sgd(parameters: Any) -> Any:
+    import torch
+
+    return torch.optim.SGD(parameters, lr=0.01, momentum=0.9)
+
+
+def _plain_step(module: Any, optimizer: Any, x: Any, y: Any) -> None:
+    import torch
+
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(module(x), y).backward()
+    optimizer.step()
+
+
+def _time_model(strategy: Any, name: str, compression: str | None, inner: int, trials: int):
+    """Interleave nbdist, DDP (, DDP + bf16 hook) and a local step for one model."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    x, y = _batch(name, dist.get_rank())
+    torch.manual_seed(0)
+    with strategy.scope():
+        model = _build(name)
+        optimizer = _sgd(model.parameters())
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(_build(name))
+    ddp_optimizer = _sgd(ddp.parameters())
+    variants = {
+        "nbdist" if compression is None else f"nbdist {compression}": (
+            lambda: strategy.run(_plain_step, args=(model, optimizer, x, y))
+        ),
+        "DDP": lambda: _plain_step(ddp, ddp_optimizer, x, y),
+    }
+    if compression == "bf16":
+        torch.manual_seed(0)
+        hooked = DistributedDataParallel(_build(name))
+        hooked.register_comm_hook(None, _bf16_hook)
+        hooked_optimizer = _sgd(hooked.parameters())
+        variants["DDP + bf16 hook"] = lambda: _plain_step(hooked, hooked_optimizer, x, y)
+    torch.manual_seed(0)
+    local = _build(name)  # the same step with no communication: the ceiling for any sync
+    local_optimizer = _sgd(local.parameters())
+    variants["local (no communication)"] = lambda: _plain_step(local, local_optimizer, x, y)
+    samples = lockstep(variants, trials=trials, inner=inner, barrier=dist.barrier)
+    # Same steps from the same weights: how far apart did nbdist and DDP end up?
+    with torch.no_grad():
+        diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ddp.parameters()))
+    return samples, diff
+
+
+def worker(params: dict[str, Any]) -> dict[str, Any]:
+    """One rank: nbdist vs DDP (and DDP + bf16 hook when compressing) for each model."""
+    worker_setup()
+    import torch.distributed as dist
+
+    import nbdist as nd
+
+    compression = params["compression"]
+    strategy = nd.MultiWorkerMirroredStrategy(
+        communication_options=nd.experimental.CommunicationOptions(compression=compression)
+    )
+    assert strategy.num_replicas_in_sync == 2 and dist.is_initialized()
+    out: dict[str, Any] = {"samples": {}, "max_abs_diff": {}}
+    for name in params["models"]:
+        inner, trials = params["plan"][name]
+        out["samples"][name], out["max_abs_diff"][name] = _time_model(
+            strategy, name, compression, inner, trials
+        )
+    strategy.shutdown()
+    return out
+
+
+def _rows(name: str, samples: dict[str, list[float]]) -> list[list[str]]:
+    return [
+        [name, variant, fmt_time(median(s)), f"{1 / median(s):.1f}",
+         f"{fmt_time(summarize(s)['q1_s'])} .. {fmt_time(summarize(s)['q3_s'])}"]
+        for variant, s in samples.items()
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few trials (smoke run)")
+    parser.add_argument("--threads", type=int, default=1, help="ignored: workers use 1 thread")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per launch")
+    args = parser.parse_args(argv)
+    env = environment()
+    plan = {m: [inner, 4 if args.quick else trials] for m, (inner, trials) in PLAN.items()}
+    plain = launch(
+        "bench_multi_worker_training",
+        {"compression": None, "models": list(MODELS), "plan": plan},
+        timeout=args.timeout,
+    )
+    bf16 = launch(
+        "bench_multi_worker_training",
+        {"compression": "bf16", "models": ["mlp"], "plan": plan},
+        timeout=args.timeout,
+    )
+
+    print(f"== {NAME}: 2 gloo workers x 1 CPU replica, batch {BATCH_PER_REPLICA} per replica")
+    print(f"cpu_count {env['cpu_count']}, load {env['loadavg_at_start']}; times are rank 0's")
+    rows: list[list[str]] = []
+    ratios: dict[str, dict[str, float]] = {}
+    stats: dict[str, Any] = {}
+    checks = []
+    for label, result, nb_name in (("", plain, "nbdist"), (" bf16", bf16, "nbdist bf16")):
+        for model, samples in result[0]["samples"].items():
+            rows += _rows(model + label, samples)
+            nb, ddp = samples[nb_name], samples["DDP"]
+            of_medians = median(ddp) / median(nb)
+            paired = median(paired_ratios(ddp, nb))
+            rank1 = result[1]["samples"][model]
+            key = f"{model}{label.replace(' ', '_')}"
+            ratios[key] = {
+                "steps_per_s_ratio_of_medians": of_medians,
+                "steps_per_s_ratio_paired": paired,
+                "steps_per_s_ratio_rank1_of_medians": median(rank1["DDP"]) / median(rank1[nb_name]),
+            }
+            stats[key] = {
+                "rank0": {v: summarize(s) for v, s in samples.items()},
+                "rank1": {v: summarize(s) for v, s in rank1.items()},
+            }
+            local = samples["local (no communication)"]
+            ratios[key]["local_over_ddp_of_medians"] = median(ddp) / median(local)
+            if "DDP + bf16 hook" in samples:
+                hook = samples["DDP + bf16 hook"]
+                ratios[key]["ddp_bf16_hook_over_ddp_of_medians"] = median(ddp) / median(hook)
+            target = BF16_TARGET if label else TARGET
+            checks.append(
+                check(f"{nb_name} / DDP steps/s, {model}", of_medians, ">=", target,
+                      cross_check=paired)
+            )  # fmt: skip
+    print(table(["model", "variant", "time/step", "steps/s", "IQR"], rows))
+    print()
+    print(
+        table(
+            ["ratio (steps/s over DDP's)", "ratio of medians", "paired", "rank 1"],
+            [[k, f"{r['steps_per_s_ratio_of_medians']:.3f}x",
+              f"{r['steps_per_s_ratio_paired']:.3f}x",
+              f"{r['steps_per_s_ratio_rank1_of_medians']:.3f}x"] for k, r in ratios.items()]
+            + [[f"DDP + bf16 hook ({k})", f"{r['ddp_bf16_hook_over_ddp_of_medians']:.3f}x", "", ""]
+               for k, r in ratios.items() if "ddp_bf16_hook_over_ddp_of_medians" in r]
+            + [[f"ceiling: local, no communication ({k})",
+                f"{r['local_over_ddp_of_medians']:.3f}x", "", ""] for k, r in ratios.items()],
+        )
+    )  # fmt: skip
+    diffs = plain[0]["max_abs_diff"]
+    print(
+        "\nmax |nbdist - DDP| over parameters after the same steps (fp32): "
+        + ", ".join(f"{m} {d:.3g}" for m, d in diffs.items())
+        + "\n"
+    )
+    print_checks(checks)
+    path = write_result(
+        NAME,
+        {
+            "description": "2-worker training steps/s: nbdist MWMS (strategy.run) vs PyTorch DDP",
+            "environment": env,
+            "parameters": {"models": list(MODELS), "plan": plan, "batch_per_replica":
+                           BATCH_PER_REPLICA, "workers": 2, "backend": "gloo",
+                           "threads_per_worker": 1, "optimizer": "SGD(lr=0.01, momentum=0.9)"},
+            "variants": stats,
+            "ratios": ratios,
+            "max_abs_diff_fp32": diffs,
+            "max_abs_diff_bf16_vs_fp32_ddp": bf16[0]["max_abs_diff"],
+            "checks": checks,
+        },
+    )  # fmt: skip
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
