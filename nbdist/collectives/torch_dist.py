@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import threading
 import time
@@ -52,6 +53,8 @@ _DIST_OPS = {
     ReduceOp.MIN: dist.ReduceOp.MIN,
 }
 _HEARTBEAT_SECONDS = 0.5
+_INLINE_BYTES = 16 * 1024
+_ROW_WIDTH = _SIGNATURE_WIDTH + _INLINE_BYTES // 8  # int64 words: signature, then inline payload
 
 
 class DistGroup:
@@ -84,6 +87,10 @@ class DistGroup:
         self._broken: str | None = None
         self._owns_group = False
         self._stop = threading.Event()
+        # Note [Store generations]: every group this process creates gets a fresh key prefix,
+        # so a new strategy after `shutdown()` never reads the keys of an old one; rank 0 keeps
+        # one store server per address for the life of the process.
+        self._prefix = f"nbdist/{next(_GENERATIONS)}"
         self._store = _connect_store(master_addr, master_port, rank, world_size, timeout)
         self._meet(timeout)
         if dist.is_initialized():
@@ -96,7 +103,7 @@ class DistGroup:
         else:
             dist.init_process_group(
                 backend,
-                store=dist.PrefixStore("nbdist/pg", self._store),
+                store=dist.PrefixStore(f"{self._prefix}/pg", self._store),
                 rank=rank,
                 world_size=world_size,
                 timeout=timedelta(seconds=timeout),
@@ -113,8 +120,8 @@ class DistGroup:
 
     # -- rendezvous and liveness ----------------------------------------------------------
     def _meet(self, timeout: float) -> None:
-        self._store.set(f"nbdist/arrived/{self.rank}", "1")
-        keys = [f"nbdist/arrived/{r}" for r in range(self.world_size)]
+        self._store.set(f"{self._prefix}/arrived/{self.rank}", "1")
+        keys = [f"{self._prefix}/arrived/{r}" for r in range(self.world_size)]
         deadline = time.monotonic() + timeout
         while not self._store.check(keys):
             if time.monotonic() > deadline:
@@ -127,7 +134,9 @@ class DistGroup:
             self._stop.wait(0.01)
 
     def _beat_once(self) -> None:
-        self._heartbeat_store.set(f"nbdist/hb/{self.rank}", f"{time.time():.3f} {self._entered}")
+        self._heartbeat_store.set(
+            f"{self._prefix}/hb/{self.rank}", f"{time.time():.3f} {self._entered}"
+        )
 
     def _beat(self) -> None:
         while not self._stop.wait(_HEARTBEAT_SECONDS):
@@ -140,7 +149,7 @@ class DistGroup:
         """Tell the other ranks this one failed (read when their collective fails)."""
         with contextlib.suppress(Exception):
             self._heartbeat_store.set(
-                f"nbdist/failed/{self.rank}", f"{self._entered} {message[:500]}"
+                f"{self._prefix}/failed/{self.rank}", f"{self._entered} {message[:500]}"
             )
 
     def _diagnose(self, what: str, error: BaseException) -> Exception:
@@ -158,7 +167,7 @@ class DistGroup:
         for r in range(self.world_size):
             if r == self.rank:
                 continue
-            failed = _current_failure(self._read_key(f"nbdist/failed/{r}"), latest.get(r))
+            failed = _current_failure(self._read_key(f"{self._prefix}/failed/{r}"), latest.get(r))
             if failed is not None:
                 problems[r] = f"rank {r} raised an error: {failed}"
             elif latest.get(r) is None:
@@ -184,7 +193,9 @@ class DistGroup:
 
     def _read_heartbeats(self) -> dict[int, str | None]:
         return {
-            r: self._read_key(f"nbdist/hb/{r}") for r in range(self.world_size) if r != self.rank
+            r: self._read_key(f"{self._prefix}/hb/{r}")
+            for r in range(self.world_size)
+            if r != self.rank
         }
 
     def _read_key(self, key: str) -> str | None:
@@ -217,16 +228,8 @@ class DistGroup:
 
         Returns every rank's shapes, so `all_gather` can size its buffers.
         """
-        mine = _signature(what, tensors)
-        gathered = torch.empty(self.world_size * _SIGNATURE_WIDTH, dtype=torch.int64)
-        local = mine.to(self.device)
-        out = gathered.to(self.device)
-        self._collective(
-            f"{what} (signature check)",
-            lambda async_op: _all_gather_flat(out, local, async_op=async_op),
-            timeout,
-        )
-        rows = out.cpu().view(self.world_size, _SIGNATURE_WIDTH)
+        rows = self._exchange_rows(f"{what} (signature check)", _signature(what, tensors), timeout)
+        rows = rows[:, :_SIGNATURE_WIDTH]
         if not bool((rows == rows[0]).all()):
             descriptions = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
             raise CollectiveMismatchError(
@@ -245,13 +248,8 @@ class DistGroup:
         mine[2] = _signature(what, [probe])[2]  # the layout hash ignores the gathered axis
         column = 3 + 2 + axis if axis < _DIMS else _SIGNATURE_WIDTH - 1
         mine[column] = tensor.shape[axis]
-        out = torch.empty(self.world_size * _SIGNATURE_WIDTH, dtype=torch.int64, device=self.device)
-        self._collective(
-            f"{what} (signature check)",
-            lambda async_op: _all_gather_flat(out, mine.to(self.device), async_op=async_op),
-            timeout,
-        )
-        rows = out.cpu().view(self.world_size, _SIGNATURE_WIDTH)
+        rows = self._exchange_rows(f"{what} (signature check)", mine, timeout)
+        rows = rows[:, :_SIGNATURE_WIDTH]
         keep = torch.ones(_SIGNATURE_WIDTH, dtype=torch.bool)
         keep[column] = False
         if not bool((rows[:, keep] == rows[0, keep]).all()):
@@ -276,7 +274,15 @@ class DistGroup:
         compression: str | None = None,
         check: bool = True,
     ) -> list[torch.Tensor]:
-        """Reduce `tensors` across ranks; returns new tensors (one flat buffer per dtype)."""
+        """Reduce `tensors` across ranks; returns new tensors (one flat buffer per dtype).
+
+        Small payloads (up to 16 KiB) travel inside the signature check itself: one fixed-size
+        all_gather carries every rank's signature and data, and each rank combines the rows
+        in rank order (so all ranks get the same bits). Larger ones are checked, then reduced.
+        """
+        nbytes_in = sum(-(-t.numel() * t.element_size() // 8) * 8 for t in tensors)
+        if check and nbytes_in <= _INLINE_BYTES and not any(t.dtype == torch.bool for t in tensors):
+            return self._all_reduce_inline(tensors, op, timeout)
         if check:
             self.check(f"all_reduce:{op.value}", tensors, timeout=timeout)
         start = time.perf_counter()
@@ -308,6 +314,68 @@ class DistGroup:
                 offset += part.numel()
         self._record(f"all_reduce:{op.value}", nbytes, start)
         return results
+
+    def _all_reduce_inline(
+        self, tensors: Sequence[torch.Tensor], op: ReduceOp, timeout: float | None
+    ) -> list[torch.Tensor]:
+        what = f"all_reduce:{op.value}"
+        start = time.perf_counter()
+        payload = torch.zeros(_INLINE_BYTES, dtype=torch.uint8)
+        offsets = []
+        offset = 0
+        for tensor in tensors:
+            raw = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+            offsets.append(offset)
+            payload[offset : offset + raw.numel()] = raw
+            offset += -(-raw.numel() // 8) * 8  # keep every tensor 8-byte aligned
+        full = self._exchange_rows(what, _signature(what, tensors), timeout, payload)
+        rows = full
+        signatures = rows[:, :_SIGNATURE_WIDTH]
+        if not bool((signatures == signatures[0]).all()):
+            descriptions = "; ".join(
+                f"rank {r}: {_describe(sig)}" for r, sig in enumerate(signatures)
+            )
+            raise CollectiveMismatchError(
+                f"Workers called collectives that do not match ({descriptions}). Every worker "
+                "must call the same collective with tensors of the same shapes and dtypes "
+                "(check the data each worker feeds, and that no collective runs under a "
+                "rank-dependent `if`)."
+            )
+        results = []
+        for tensor, offset in zip(tensors, offsets):
+            size = tensor.numel() * tensor.element_size()
+            parts = [
+                rows[r, _SIGNATURE_WIDTH:].contiguous().view(torch.uint8)[offset : offset + size]
+                .view(tensor.dtype).view(tensor.shape)
+                for r in range(self.world_size)
+            ]  # fmt: skip
+            results.append(op.combine(parts).to(tensor.device))
+        self._record(what, sum(t.numel() * t.element_size() for t in tensors), start)
+        return results
+
+    def _exchange_rows(
+        self,
+        what: str,
+        signature: torch.Tensor,
+        timeout: float | None,
+        payload: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """All-gather one fixed-size row (signature + inline payload) per rank.
+
+        Every checked collective sends rows of the same size, whatever it carries, so ranks
+        that disagree about what they call still meet in a collective gloo can complete.
+        """
+        row = torch.zeros(_ROW_WIDTH, dtype=torch.int64)
+        row[:_SIGNATURE_WIDTH] = signature
+        if payload is not None:
+            row[_SIGNATURE_WIDTH:].view(torch.uint8)[: payload.numel()] = payload
+        out = torch.empty(self.world_size * _ROW_WIDTH, dtype=torch.int64, device=self.device)
+        self._collective(
+            what,
+            lambda async_op: _all_gather_flat(out, row.to(self.device), async_op=async_op),
+            timeout,
+        )
+        return out.cpu().view(self.world_size, _ROW_WIDTH)
 
     def all_gather(
         self, tensor: torch.Tensor, axis: int, *, timeout: float | None = None
@@ -405,12 +473,29 @@ def _current_failure(notice: str | None, heartbeat: str | None) -> str | None:
     return message
 
 
+_GENERATIONS = itertools.count()
+_SERVERS: dict[tuple[str, int], Any] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
 def _connect_store(
     addr: str, port: int, rank: int, world_size: int, timeout: float, *, client: bool = False
 ):
     is_master = (
         not client and rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     )
+    if is_master:
+        with _SERVERS_LOCK:
+            server = _SERVERS.get((addr, port))
+            if server is None:
+                server = _SERVERS[(addr, port)] = _open_store(
+                    addr, port, rank, world_size, timeout, True
+                )
+            return server
+    return _open_store(addr, port, rank, world_size, timeout, False)
+
+
+def _open_store(addr: str, port: int, rank: int, world_size: int, timeout: float, is_master: bool):
     try:
         return dist.TCPStore(
             addr, port, world_size, is_master, timedelta(seconds=timeout),

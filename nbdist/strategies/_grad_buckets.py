@@ -32,6 +32,7 @@ class _Bucket:
     params: list[torch.nn.Parameter]
     offsets: list[int]
     buffer: torch.Tensor
+    views: list[torch.Tensor]  # one view of `buffer` per parameter, shaped like it
     ready: int = 0
     work: Any = None
 
@@ -80,9 +81,11 @@ class GradientBuckets:
         if self.compression and dtype.is_floating_point:
             dtype = torch.bfloat16 if self.compression == "bf16" else torch.float16
         index = len(self.buckets)
-        self.buckets.append(
-            _Bucket(params, offsets, torch.zeros(total, dtype=dtype, device=params[0].device))
-        )
+        buffer = torch.zeros(total, dtype=dtype, device=params[0].device)
+        views = [
+            buffer[offset : offset + p.numel()].view(p.shape) for p, offset in zip(params, offsets)
+        ]
+        self.buckets.append(_Bucket(params, offsets, buffer, views))
         for slot, param in enumerate(params):
             self._where[id(param)] = (index, slot)
             param.register_post_accumulate_grad_hook(self._on_grad)
@@ -115,13 +118,13 @@ class GradientBuckets:
             self._launched += 1
 
     def _launch(self, bucket: _Bucket) -> None:
+        grads = [p.grad for p in bucket.params]
         with torch.no_grad():
-            for param, offset in zip(bucket.params, bucket.offsets):
-                piece = bucket.buffer[offset : offset + param.numel()]
-                if param.grad is None:
-                    piece.zero_()
-                else:
-                    piece.copy_(param.grad.reshape(-1))
+            if all(g is not None for g in grads):
+                torch._foreach_copy_(bucket.views, grads)
+            else:
+                for view, grad in zip(bucket.views, grads):
+                    view.zero_() if grad is None else view.copy_(grad)
         bucket.work = self.group.all_reduce_async(bucket.buffer)
 
     def _finish(self) -> None:
@@ -136,13 +139,12 @@ class GradientBuckets:
                 for bucket in self.buckets:
                     self.group.wait(bucket.work, "gradient all_reduce")
                     nbytes += bucket.buffer.numel() * bucket.buffer.element_size()
-                    for param, offset in zip(bucket.params, bucket.offsets):
-                        averaged = bucket.buffer[offset : offset + param.numel()]
-                        averaged = averaged.view(param.shape)
-                        if param.grad is None:
-                            param.grad = averaged.to(param.dtype).mul(scale)
-                        else:
-                            param.grad.copy_(averaged).mul_(scale)
+                    missing = [p for p in bucket.params if p.grad is None]
+                    for param in missing:
+                        param.grad = torch.zeros_like(param)
+                    grads = [p.grad for p in bucket.params]
+                    torch._foreach_copy_(grads, bucket.views)  # casts back from fp16/bf16
+                    torch._foreach_mul_(grads, scale)
             self.group.record("gradient_sync", nbytes, self._start)
         finally:
             for bucket in self.buckets:

@@ -1,0 +1,239 @@
+"""Engine-side half of the cluster: bootstrap, and the entry points the notebook calls.
+
+Runs inside ipyparallel engines, never in the notebook. `attach` is executed first (it learns
+the engine's interactive namespace), `describe` reports where the engine runs, `bootstrap`
+joins the `torch.distributed` group and puts `strategy` (a `MultiWorkerMirroredStrategy`), `nd`
+and `torch` in the namespace. The other functions answer `EngineStrategy.run`/`run_steps` and
+`Cluster.push`/`pull`: they take pickled requests (`_wire`) and return reply dicts, never raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from typing import Any
+
+from nbdist.cluster import _wire
+
+__all__ = ["attach", "bootstrap", "call", "call_steps", "describe", "fetch", "store"]
+
+_state: dict[str, Any] = {"namespace": None, "strategy": None, "rank": None}
+
+
+def attach(namespace: dict[str, Any]) -> None:
+    """Remember the engine's interactive namespace (IPython's `user_ns`)."""
+    _state["namespace"] = namespace
+
+
+def describe(bind_address: str = "127.0.0.1") -> dict[str, Any]:
+    """Where this engine runs, and a port that was free here (for the rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((bind_address, 0))
+        port = sock.getsockname()[1]
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "free_port": port,
+        "cores": _cores(),
+    }
+
+
+def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
+    """Join the engines' process group and create the engine's strategy.
+
+    `config` holds `rank`, `world_size`, `local_rank`, `local_world_size`, `master_addr`,
+    `master_port` and `implementation`. Sets the torchrun variables (so code on the engine,
+    and `nd.MultiWorkerMirroredStrategy()` with no arguments, see the same cluster), drops
+    `TF_CONFIG` (it would take precedence), sets torch's intra-op threads to this machine's
+    cores divided among its engines, and stores `strategy`, `nd` and `torch` in the namespace.
+    """
+    namespace = _namespace()
+    env = {
+        "RANK": str(config["rank"]),
+        "WORLD_SIZE": str(config["world_size"]),
+        "LOCAL_RANK": str(config["local_rank"]),
+        "LOCAL_WORLD_SIZE": str(config["local_world_size"]),
+        "MASTER_ADDR": str(config["master_addr"]),
+        "MASTER_PORT": str(config["master_port"]),
+    }
+    os.environ.pop("TF_CONFIG", None)
+    os.environ.update(env)
+    if config["master_addr"] in ("127.0.0.1", "localhost") and "GLOO_SOCKET_IFNAME" not in (
+        os.environ
+    ):
+        loopback = _loopback_interface()
+        if loopback:
+            os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    import torch
+
+    threads = max(1, _cores() // max(1, int(config["local_world_size"])))
+    torch.set_num_threads(threads)
+    import nbdist as nd
+    from nbdist.cluster_resolver import TorchrunClusterResolver
+    from nbdist.communication import CommunicationImplementation, CommunicationOptions
+
+    options = CommunicationOptions(
+        implementation=CommunicationImplementation.from_value(config["implementation"])
+    )
+    strategy = nd.MultiWorkerMirroredStrategy(
+        TorchrunClusterResolver(environ=env), communication_options=options
+    )
+    _state["strategy"] = strategy
+    _state["rank"] = int(config["rank"])
+    namespace.update(nd=nd, torch=torch, strategy=strategy)
+    return {
+        "device": str(strategy.extended.worker_devices[0]),
+        "backend": strategy.process_group_backend,
+        "threads": threads,
+        "num_replicas_in_sync": strategy.num_replicas_in_sync,
+    }
+
+
+def call(payload: bytes) -> dict[str, Any]:
+    """Run a pickled `_wire.Call` once, inside the engine strategy's `run` (replica context).
+
+    Unpickling, rebuilding the function and resolving `nd.remote` references all happen inside
+    `run`, so a failure there is published to the other engines like any replica error and
+    releases them from collectives they are waiting in.
+    """
+    start = time.perf_counter()
+    try:
+        strategy = _strategy()
+        namespace = _namespace()
+
+        def replica_fn() -> Any:
+            request: _wire.Call = _wire.loads(payload)
+            fn = request.function(namespace)
+            args, kwargs = _resolve((request.args, request.kwargs), namespace)
+            return fn(*args, **kwargs)
+
+        value = strategy.run(replica_fn)
+    except BaseException as error:  # reported to the notebook, never raised here
+        return _wire.failure(error, "run")
+    return _reply(value, start)
+
+
+def call_steps(payload: bytes, steps: int) -> dict[str, Any]:
+    """Run `fn(next(iterator))` for up to `steps` steps; reply with the last step's value.
+
+    The payload is a `_wire.Call` whose `args` are `(iterator_ref,)`. Stops early when the
+    iterator is exhausted; the reply's `"steps"` says how many steps ran.
+    """
+    start = time.perf_counter()
+    done = 0
+    value = None
+    try:
+        strategy = _strategy()
+        namespace = _namespace()
+        request: _wire.Call = _wire.loads(payload)
+        fn = request.function(namespace)
+        (iterator,), _ = _resolve((request.args, {}), namespace)
+        if not hasattr(iterator, "__next__"):
+            raise TypeError(
+                f"run_steps needs an iterator on the engine, but {request.args[0]!r} is a "
+                f"{type(iterator).__name__}. Create one there first, e.g. "
+                "`it = iter(strategy.experimental_distribute_dataset(data))`."
+            )
+        for _ in range(steps):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            value = strategy.run(fn, args=(batch,))
+            done += 1
+    except BaseException as error:
+        reply = _wire.failure(error, f"step {done + 1}")
+        reply["steps"] = done
+        return reply
+    reply = _reply(value, start)
+    reply["steps"] = done
+    return reply
+
+
+def store(payload: bytes) -> dict[str, Any]:
+    """Assign pickled `{name: value}` pairs in the engine's namespace (`Cluster.push`)."""
+    try:
+        values = _wire.loads(payload)
+        _namespace().update(values)
+    except BaseException as error:
+        return _wire.failure(error, "push")
+    return {"ok": True, "value": _wire.dumps(None), "elapsed": 0.0}
+
+
+def fetch(names: list[str]) -> dict[str, Any]:
+    """Reply with the values of `names` in the engine's namespace (`Cluster.pull`)."""
+    start = time.perf_counter()
+    try:
+        from nbdist.cluster.remote import RemoteRef
+
+        namespace = _namespace()
+        value = [RemoteRef(name).resolve(namespace, _state["rank"]) for name in names]
+    except BaseException as error:
+        return _wire.failure(error, "pull")
+    return _reply(value, start)
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _reply(value: Any, start: float) -> dict[str, Any]:
+    try:
+        data = _wire.encode(_wire.portable(value))
+    except BaseException as error:
+        reply = _wire.failure(error, "sending the result back")
+        reply["evalue"] = (
+            f"The function ran, but its result cannot be sent back: {reply['evalue']} Return "
+            "tensors, numbers or containers of them, and keep other objects on the engine "
+            "(assign them to a global)."
+        )
+        return reply
+    return {"ok": True, "value": data, "elapsed": time.perf_counter() - start}
+
+
+def _resolve(structure: Any, namespace: dict[str, Any]) -> Any:
+    from torch.utils import _pytree as pytree
+
+    from nbdist.cluster.remote import RemoteRef
+
+    def leaf(item: Any) -> Any:
+        return item.resolve(namespace, _state["rank"]) if isinstance(item, RemoteRef) else item
+
+    return pytree.tree_map(leaf, structure, is_leaf=lambda item: isinstance(item, RemoteRef))
+
+
+def _namespace() -> dict[str, Any]:
+    namespace = _state["namespace"]
+    if namespace is None:
+        raise RuntimeError(
+            "This engine was not attached to an nbdist Cluster (its namespace is unknown). "
+            "Start engines with nd.Cluster(...).start()."
+        )
+    return namespace
+
+
+def _strategy() -> Any:
+    strategy = _state["strategy"]
+    if strategy is None:
+        raise RuntimeError(
+            "This engine has no strategy yet: it did not finish joining the cluster. Restart "
+            "the cluster with cluster.restart()."
+        )
+    return strategy
+
+
+def _cores() -> int:
+    with contextlib.suppress(AttributeError, OSError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _loopback_interface() -> str | None:
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with ipyparallel
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(getattr(a, "address", None) == "127.0.0.1" for a in addresses):
+            return name
+    return None

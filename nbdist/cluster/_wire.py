@@ -1,0 +1,206 @@
+"""What crosses between the notebook and the engines: calls, arguments, results, failures.
+
+Both sides import this module. The notebook pickles a call once with cloudpickle (`encode`)
+and ipyparallel carries the bytes; the engine unpickles them, runs the call and sends back
+either `{"ok": True, "value": <pickled result>}` or a failure dict (`failure`), never a raised
+exception, so the client can say which replica failed and why.
+
+Note [Names resolve on the engines]: a function defined in `__main__` (a notebook cell, or one
+wrapped by `ipyparallel.interactive`) travels as its code, defaults and closure only
+(`NamespaceFunction`) and is rebuilt on the engine with the engine's namespace as its globals,
+so `model` in `def step(x): return model(x)` is the engine's `model` (ipyparallel's
+`interactive` behaviour). Every other callable is pickled by cloudpickle: by reference to its
+module when that module is importable (it must be importable on the engines too), by value
+otherwise (lambdas and closures outside `__main__`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import os
+import pickle
+import traceback as traceback_module
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "Call",
+    "NamespaceFunction",
+    "dumps",
+    "encode",
+    "failure",
+    "is_namespace_function",
+    "loads",
+    "portable",
+]
+
+_SOURCE_LIMIT = 200_000  # characters of a cell's source shipped for tracebacks
+_NBDIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def dumps(value: Any) -> bytes:
+    """cloudpickle `value` (highest protocol)."""
+    import cloudpickle
+
+    return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes) -> Any:
+    """Unpickle what `dumps` made."""
+    return pickle.loads(data)
+
+
+class _EmptyCell:
+    """Marks a closure cell that had no value yet (a class, so identity survives pickling)."""
+
+
+def is_namespace_function(fn: Any) -> bool:
+    """True for a plain function defined in `__main__` (see Note [Names resolve on the engines])."""
+    return isinstance(fn, types.FunctionType) and fn.__module__ == "__main__"
+
+
+class NamespaceFunction:
+    """A `__main__` function, rebuilt on an engine with that engine's namespace as globals.
+
+    Example:
+        >>> def f(x):
+        ...     return x + offset
+        >>> g = NamespaceFunction(f).build({"offset": 10})
+        >>> g(1)
+        11
+    """
+
+    def __init__(self, fn: types.FunctionType):
+        self.code = fn.__code__
+        self.name = fn.__name__
+        self.qualname = fn.__qualname__
+        self.doc = fn.__doc__
+        self.defaults = fn.__defaults__
+        self.kwdefaults = fn.__kwdefaults__
+        self.closure = (
+            None if fn.__closure__ is None else tuple(_cell_value(c) for c in fn.__closure__)
+        )
+        filename = self.code.co_filename
+        lines = linecache.getlines(filename)
+        self.source = lines if sum(map(len, lines)) <= _SOURCE_LIMIT else None
+
+    def build(self, namespace: dict[str, Any]) -> types.FunctionType:
+        """The function, with `namespace` as its globals."""
+        filename = self.code.co_filename
+        if self.source and not linecache.getlines(filename):
+            # So that the engine's traceback shows the notebook's lines.
+            size = sum(map(len, self.source))
+            linecache.cache[filename] = (size, None, list(self.source), filename)
+        closure = None
+        if self.closure is not None:
+            closure = tuple(
+                types.CellType() if value is _EmptyCell else types.CellType(value)
+                for value in self.closure
+            )
+        fn = types.FunctionType(self.code, namespace, self.name, self.defaults, closure)
+        fn.__kwdefaults__ = self.kwdefaults
+        fn.__qualname__ = self.qualname
+        fn.__doc__ = self.doc
+        return fn
+
+    def __repr__(self) -> str:
+        return f"<function {self.qualname} (resolved on the engine)>"
+
+
+def _cell_value(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _EmptyCell
+
+
+@dataclasses.dataclass
+class Call:
+    """One function call to make on an engine: `fn(*args, **kwargs)`."""
+
+    fn: Any
+    args: tuple = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Call:
+        shipped = NamespaceFunction(fn) if is_namespace_function(fn) else fn
+        return cls(shipped, tuple(args), dict(kwargs))
+
+    def function(self, namespace: dict[str, Any]) -> Callable[..., Any]:
+        if isinstance(self.fn, NamespaceFunction):
+            return self.fn.build(namespace)
+        return self.fn
+
+
+def encode(value: Any, parts: Sequence[tuple[str, Any]] = ()) -> bytes:
+    """Pickle `value`; on failure raise `SerializationError` naming the part that failed.
+
+    Args:
+        value: What to pickle.
+        parts: `(label, object)` pairs making up `value`, tried one by one after a failure to
+            name the culprit (e.g. `("args[1]", lock)`).
+    """
+    from nbdist.cluster.errors import SerializationError
+
+    try:
+        return dumps(value)
+    except Exception as error:
+        culprit, cause = None, error
+        for label, part in parts:
+            try:
+                dumps(part)
+            except Exception as part_error:
+                culprit, cause = (label, part), part_error
+                break
+        if culprit is None:
+            what = "The call"
+        else:
+            label, part = culprit
+            what = f"{label} (a {type(part).__module__}.{type(part).__qualname__})"
+        raise SerializationError(
+            f"{what} cannot be sent to the engines: {type(cause).__name__}: {cause}. Send "
+            "plain data (tensors, numbers, strings, lists, dicts), or create the object on the "
+            "engines and pass nd.remote('its_name') in its place."
+        ) from cause
+
+
+def portable(value: Any) -> Any:
+    """`value` with every tensor detached and moved to the CPU (so any client can unpickle it)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    def leaf(item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            item = item.detach()
+            return item if item.device.type == "cpu" else item.cpu()
+        return item
+
+    return pytree.tree_map(leaf, value)
+
+
+_SECONDARY = ("WorkerLostError", "ReplicaReleasedError", "CollectiveTimeoutError")
+
+
+def failure(error: BaseException, stage: str) -> dict[str, Any]:
+    """A failure reply: the exception's name, message and traceback (nbdist's frames cut)."""
+    tb = error.__traceback__
+    while tb is not None and _internal(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    text = "".join(traceback_module.format_exception(type(error), error, tb))
+    return {
+        "ok": False,
+        "stage": stage,
+        "ename": type(error).__name__,
+        "evalue": str(error),
+        "traceback": text,
+        "secondary": type(error).__name__ in _SECONDARY,
+        "name": getattr(error, "name", None) if isinstance(error, NameError) else None,
+    }
+
+
+def _internal(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(_NBDIST_DIR + os.sep) or f"{os.sep}ipyparallel{os.sep}" in path

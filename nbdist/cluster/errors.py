@@ -1,0 +1,116 @@
+"""Errors of the engine layer: each is an `NbdistError` and a Python builtin.
+
+(They will move to `nbdist/errors.py` with the other public errors; the names stay.)
+Imports nothing from nbdist but `nbdist.errors`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nbdist.errors import NbdistError
+
+__all__ = [
+    "ClusterStartError",
+    "EngineTimeoutError",
+    "RemoteError",
+    "RemoteFailure",
+    "RemoteNameError",
+    "SerializationError",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteFailure:
+    """What went wrong on one engine.
+
+    Attributes:
+        replica: The replica id (the engine's rank).
+        engine_id: ipyparallel's id of the engine.
+        host: The engine's host name.
+        pid: The engine's process id.
+        ename: The exception's type name, e.g. `"ValueError"`.
+        evalue: The exception's message.
+        traceback: The formatted traceback, as the engine printed it.
+        secondary: True when the failure is a consequence of another replica's (released from
+            a collective, a peer that died or never arrived).
+    """
+
+    replica: int
+    engine_id: int
+    host: str
+    pid: int
+    ename: str
+    evalue: str
+    traceback: str
+    secondary: bool = False
+
+    def summary(self) -> str:
+        """One line: `replica 1 (engine 1, host h, pid 123): ValueError: boom`."""
+        text = self.evalue.strip().splitlines()[0] if self.evalue.strip() else ""
+        if len(text) > 300:
+            text = text[:297] + "..."
+        where = f"engine {self.engine_id}, host {self.host}, pid {self.pid}"
+        return f"replica {self.replica} ({where}): {self.ename}: {text}".rstrip(": ")
+
+
+class RemoteError(NbdistError, RuntimeError):
+    """One or more engines raised while running a function or a cell.
+
+    The message lists every failed replica and shows the first traceback: the failure that is
+    not merely a consequence of another's (a replica released from a collective because a peer
+    failed is secondary), else the lowest replica's.
+
+    Attributes:
+        failures: `RemoteFailure` per failed replica, in replica order.
+        replicas: The failed replica ids.
+        first: The failure whose traceback the message shows.
+        num_replicas: How many replicas ran.
+    """
+
+    def __init__(self, what: str, failures: list[RemoteFailure], num_replicas: int, notes=()):
+        ordered = sorted(failures, key=lambda f: f.replica)
+        if not ordered:
+            raise ValueError("RemoteError needs at least one failure.")
+        primary = [f for f in ordered if not f.secondary]
+        self.failures: tuple[RemoteFailure, ...] = tuple(ordered)
+        self.replicas: tuple[int, ...] = tuple(f.replica for f in ordered)
+        self.first: RemoteFailure = (primary or ordered)[0]
+        self.num_replicas = num_replicas
+        lines = [
+            f"{len(ordered)} of {num_replicas} replica(s) failed in {what}: replica(s) "
+            f"{list(self.replicas)}.",
+            *(f"  {failure.summary()}" for failure in ordered),
+            *notes,
+            f"Traceback of replica {self.first.replica} (engine {self.first.engine_id}):",
+            self.first.traceback.rstrip() or f"{self.first.ename}: {self.first.evalue}",
+        ]
+        super().__init__("\n".join(lines))
+
+    @property
+    def traceback(self) -> str:
+        """The first failure's traceback text."""
+        return self.first.traceback
+
+
+class RemoteNameError(NbdistError, NameError):
+    """`nd.remote("name")` named a variable the engine does not have (raised on the engine)."""
+
+
+class SerializationError(NbdistError, TypeError):
+    """A function, argument or value could not be pickled to travel to or from the engines."""
+
+
+class EngineTimeoutError(NbdistError, TimeoutError):
+    """Engines did not start, answer or finish within the timeout.
+
+    `pending` holds the replica ids (or, while starting, the engine counts) still missing.
+    """
+
+    def __init__(self, message: str, *, pending: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.pending = pending
+
+
+class ClusterStartError(NbdistError, RuntimeError):
+    """The engines or the controller failed to start, or an engine failed to join the group."""
