@@ -339,6 +339,21 @@ class StrategyExtended:
         return False
 
     @property
+    def should_checkpoint(self) -> bool:
+        """True on the worker that should save checkpoints (the first worker), as in TF."""
+        return self._strategy._worker_index == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        """True on the worker that should write summaries (the first worker), as in TF."""
+        return self._strategy._worker_index == 0
+
+    @property
+    def should_init(self) -> bool:
+        """True: every worker initialises its variables (they are broadcast from the first)."""
+        return True
+
+    @property
     def telemetry(self) -> Telemetry:
         """The record of this strategy's collectives (read by dashboards)."""
         return self._strategy._telemetry

@@ -105,3 +105,10 @@ def test_scope_sets_default_device_and_run_places_on_replica_device():
         layer = torch.nn.Linear(2, 2)
     assert layer.weight.device.type == "cpu"
     assert strategy.extended.worker_devices == ("cpu:0",)
+
+
+def test_single_worker_strategies_should_checkpoint():
+    for strategy in (nd.MirroredStrategy(TWO), nd.OneDeviceStrategy("cpu"), nd.get_strategy()):
+        assert strategy.extended.should_checkpoint
+        assert strategy.extended.should_save_summary
+        assert strategy.extended.should_init
