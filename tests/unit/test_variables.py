@@ -321,7 +321,7 @@ def test_mirrored_replica_read_is_the_local_component():
         r = replica_id()
         local = v.values[r].value()
         return (
-            v.value().data_ptr() == local.data_ptr(),
+            torch.equal(v.value(), local),
             v.read_value(),
             v + 0,
             torch.mul(v, 1),
