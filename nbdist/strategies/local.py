@@ -213,27 +213,42 @@ class LocalStrategy(Strategy):
         # (`finish`), except NCCL, which leaves a result on every device itself.
         targets = devices if isinstance(ops, NcclAllReduce) else devices[:1]
 
-        def combine(payloads: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
-            _check_alike("all_reduce", payloads)
+        def reduce_onto(payloads: list[list[torch.Tensor]], onto: tuple[str, ...]) -> list:
             per_value = [
                 [payloads[r][i] for r in range(len(payloads))] for i in range(len(tensors))
             ]
-            out: list[list[Any]] = [[None] * len(per_value) for _ in targets]
+            out: list[list[Any]] = [[None] * len(per_value) for _ in onto]
             groups: dict[torch.dtype, list[int]] = {}
             for i, column in enumerate(per_value):
                 groups.setdefault(column[0].dtype, []).append(i)
             for indices in groups.values():
-                reduced = ops._reduce_packed(op, [per_value[i] for i in indices], targets)
+                reduced = ops._reduce_packed(op, [per_value[i] for i in indices], onto)
                 for i, per_device in zip(indices, reduced):
                     for r, tensor in enumerate(per_device):
                         out[r][i] = tensor
             return out
 
-        def finish(shared: list[list[torch.Tensor]], r: int) -> list[torch.Tensor]:
-            if len(shared) > 1 or r == 0:
-                return shared[r if len(shared) > 1 else 0]
-            target = physical_device(devices[r])
-            return [t.to(target, copy=True) for t in shared[0]]
+        if len(devices) == 2 and not isinstance(ops, NcclAllReduce):
+            # Two replicas: each computes the (same, same-order) reduction itself, in parallel,
+            # instead of one reducing and the other copying.
+            def combine(payloads: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+                _check_alike("all_reduce", payloads)
+                return payloads
+
+            def finish(payloads: list[list[torch.Tensor]], r: int) -> list[torch.Tensor]:
+                return reduce_onto(payloads, (devices[r],))[0]
+
+        else:
+
+            def combine(payloads: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+                _check_alike("all_reduce", payloads)
+                return reduce_onto(payloads, targets)
+
+            def finish(shared: list[list[torch.Tensor]], r: int) -> list[torch.Tensor]:
+                if len(shared) > 1 or r == 0:
+                    return shared[r if len(shared) > 1 else 0]
+                target = physical_device(devices[r])
+                return [t.to(target, copy=True) for t in shared[0]]
 
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         result = self._group.exchange(
