@@ -17,9 +17,18 @@ from typing import Any
 
 from nbdist.cluster import _wire
 
-__all__ = ["attach", "bootstrap", "call", "call_steps", "describe", "fetch", "store"]
+__all__ = [
+    "attach",
+    "bootstrap",
+    "call",
+    "call_steps",
+    "describe",
+    "fetch",
+    "release_peers",
+    "store",
+]
 
-_state: dict[str, Any] = {"namespace": None, "strategy": None, "rank": None}
+_state: dict[str, Any] = {"namespace": None, "strategy": None, "rank": None, "left": None}
 
 
 def attach(namespace: dict[str, Any]) -> None:
@@ -163,12 +172,13 @@ def store(payload: bytes) -> dict[str, Any]:
     return {"ok": True, "value": _wire.dumps(None), "elapsed": 0.0}
 
 
-def fetch(names: list[str]) -> dict[str, Any]:
-    """Reply with the values of `names` in the engine's namespace (`Cluster.pull`)."""
+def fetch(payload: bytes) -> dict[str, Any]:
+    """Reply with the values of the pickled list of names (`Cluster.pull`)."""
     start = time.perf_counter()
     try:
         from nbdist.cluster.remote import RemoteRef
 
+        names = _wire.loads(payload)
         namespace = _namespace()
         value = [RemoteRef(name).resolve(namespace, _state["rank"]) for name in names]
     except BaseException as error:
@@ -176,17 +186,47 @@ def fetch(names: list[str]) -> dict[str, Any]:
     return _reply(value, start)
 
 
+def release_peers(reason: str) -> dict[str, Any]:
+    """Leave the process group if peers are blocked in a collective this engine never joined.
+
+    Called by the notebook on an engine whose function failed while others still run (Note
+    [Releasing blocked peers] in `calls`). Peers that have entered more collectives than this
+    engine wait for it in vain; publishing the failure and leaving the group fails their
+    collective at once with an error naming this engine. Returns `{"waiting": [...], "left":
+    bool}`.
+    """
+    strategy = _state["strategy"]
+    group = getattr(strategy, "_group", None)
+    if group is None or _state.get("left"):
+        return {"waiting": [], "left": False}
+    # DistGroup keeps no public view of the peers' progress; its heartbeats ("time count")
+    # and this rank's count are what its own failure diagnosis reads.
+    mine = group._entered
+    waiting = sorted(
+        rank
+        for rank, beat in group._read_heartbeats().items()
+        if beat is not None and int(beat.split()[1]) > mine
+    )
+    if not waiting:
+        return {"waiting": [], "left": False}
+    group.publish_failure(reason)
+    strategy.shutdown()
+    _state["left"] = reason
+    return {"waiting": waiting, "left": True}
+
+
 # -- helpers -------------------------------------------------------------------------------
 def _reply(value: Any, start: float) -> dict[str, Any]:
     try:
-        data = _wire.encode(_wire.portable(value))
-    except BaseException as error:
-        reply = _wire.failure(error, "sending the result back")
-        reply["evalue"] = (
-            f"The function ran, but its result cannot be sent back: {reply['evalue']} Return "
-            "tensors, numbers or containers of them, and keep other objects on the engine "
-            "(assign them to a global)."
+        data = _wire.dumps(_wire.portable(value))
+    except Exception as error:
+        message = (
+            f"The function ran, but its result (a {type(value).__name__}) cannot be sent back: "
+            f"{type(error).__name__}: {error}. Return tensors, numbers or containers of them, "
+            "and keep other objects on the engine (assign them to a global)."
         )
+        reply = _wire.failure(error, "sending the result back")
+        reply.update(ename="SerializationError", evalue=message, traceback="")
         return reply
     return {"ok": True, "value": data, "elapsed": time.perf_counter() - start}
 
@@ -214,6 +254,11 @@ def _namespace() -> dict[str, Any]:
 
 def _strategy() -> Any:
     strategy = _state["strategy"]
+    if _state["left"]:
+        raise RuntimeError(
+            f"This engine left the process group ({_state['left']}), so its strategy cannot "
+            "run. Restart the cluster with cluster.restart()."
+        )
     if strategy is None:
         raise RuntimeError(
             "This engine has no strategy yet: it did not finish joining the cluster. Restart "

@@ -189,7 +189,10 @@ def failure(error: BaseException, stage: str) -> dict[str, Any]:
     tb = error.__traceback__
     while tb is not None and _internal(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    text = "".join(traceback_module.format_exception(type(error), error, tb))
+    if tb is None:  # raised by nbdist itself (e.g. a missing nd.remote name): the message says it
+        text = "".join(traceback_module.format_exception_only(type(error), error))
+    else:
+        text = "".join(traceback_module.format_exception(type(error), error, tb))
     return {
         "ok": False,
         "stage": stage,
@@ -201,6 +204,10 @@ def failure(error: BaseException, stage: str) -> dict[str, Any]:
     }
 
 
+_PLUMBING = (f"{os.sep}ipyparallel{os.sep}", f"{os.sep}torch{os.sep}utils{os.sep}_pytree.py")
+
+
 def _internal(filename: str) -> bool:
+    """Frames of nbdist and of the machinery calling the user's function, cut from tracebacks."""
     path = os.path.abspath(filename)
-    return path.startswith(_NBDIST_DIR + os.sep) or f"{os.sep}ipyparallel{os.sep}" in path
+    return path.startswith(_NBDIST_DIR + os.sep) or any(part in path for part in _PLUMBING)

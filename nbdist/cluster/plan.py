@@ -142,7 +142,7 @@ def parse_hosts(hosts: str | Sequence[str] | dict[str, int]) -> tuple[tuple[str,
     parsed: list[tuple[str, int]] = []
     for item in items:
         text = str(item).strip()
-        host, sep, count_text = text.rpartition(":") if ":" in text else (text, "", "1")
+        host, _, count_text = text.rpartition(":") if ":" in text else (text, "", "1")
         host = host.strip()
         count_text = count_text.strip()
         if not host or not count_text.isdecimal() or int(count_text) < 1:
@@ -213,8 +213,7 @@ def _gpu_indices(gpus: Any) -> list[int] | str | None:
         indices.append(int(item))
     if len(set(indices)) != len(indices):
         raise ValueError(
-            f"gpus={gpus!r} lists a GPU twice; each engine needs its own GPU. Give each index "
-            "once."
+            f"gpus={gpus!r} lists a GPU twice; each engine needs its own GPU. Give each index once."
         )
     return indices
 

@@ -19,6 +19,7 @@ Example (needs engines, so not run here)::
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,8 +53,7 @@ class RemoteRef:
         parts = self.name.split(".") if isinstance(self.name, str) else []
         if not parts or not all(part.isidentifier() for part in parts):
             raise ValueError(
-                f"nd.remote needs a variable name such as 'model' or 'model.fc', got "
-                f"{self.name!r}."
+                f"nd.remote needs a variable name such as 'model' or 'model.fc', got {self.name!r}."
             )
 
     def resolve(self, namespace: dict[str, Any], replica: int | None = None) -> Any:
@@ -90,7 +90,7 @@ class RemoteRef:
         return f"nd.remote({self.name!r})"
 
 
-_SHELL = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
+_SHELL = frozenset({"In", "Out", "exit", "quit", "get_ipython", *dir(builtins)})
 
 
 def remote(name: str) -> RemoteRef:
@@ -175,14 +175,12 @@ class EngineStrategy:
         kwargs = dict(kwargs or {})
         n = self.num_replicas_in_sync
         if _has_distributed((args, kwargs)):
-            payloads = [
-                _encode_call(fn, *_scatter((tuple(args), kwargs), i, n)) for i in range(n)
-            ]
+            payloads = [_encode_call(fn, *_scatter((tuple(args), kwargs), i, n)) for i in range(n)]
         else:
             payloads = _encode_call(fn, tuple(args), kwargs)
         replies = self._cluster._call(
             "call", payloads, timeout=self._timeout(timeout), what=f"strategy.run({_name(fn)})",
-            fn=fn,
+            fn=fn, needs_group=True,
         )  # fmt: skip
         return _merge([reply["value"] for reply in replies])
 
@@ -226,6 +224,7 @@ class EngineStrategy:
         replies = self._cluster._call(
             "call_steps", payload, steps, timeout=self._timeout(timeout),
             what=f"strategy.run_steps({_name(fn)}, {ref!r}, steps={steps})", fn=fn,
+            needs_group=True,
         )  # fmt: skip
         if all(reply.get("steps", 0) == 0 for reply in replies):
             raise StopIteration(f"The iterator {ref!r} is exhausted on every engine.")
@@ -241,11 +240,15 @@ class EngineStrategy:
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
         """Combine what `run` returned, here in the notebook (`Strategy.reduce`'s semantics).
 
-        Example:
-            >>> s = EngineStrategy.__new__(EngineStrategy)
-            >>> s._cluster = type("C", (), {"num_engines": 2})()
-            >>> s.reduce("mean", PerReplica([torch.tensor([0.0, 1.0]), torch.tensor([4.0])]), 0)
-            tensor(1.6667)
+        Example (what two engines returned; any object with `num_engines` stands in for the
+        cluster here):
+            >>> import torch
+            >>> class TwoEngines:
+            ...     num_engines = 2
+            >>> s = EngineStrategy(TwoEngines())
+            >>> value = PerReplica([torch.tensor([0.0, 1.0]), torch.tensor([4.0])])
+            >>> s.reduce("mean", value, axis=0), s.gather(value, axis=0)
+            (tensor(1.6667), tensor([0., 1., 4.]))
         """
         from nbdist import reduction
 

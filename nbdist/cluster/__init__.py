@@ -1,0 +1,35 @@
+"""Engines for notebooks (layer 3 of ARCHITECTURE.md): `Cluster`, `EngineStrategy`, `remote`.
+
+`nd.Cluster(n=2)` starts ipyparallel engines joined in one `torch.distributed` group, each
+holding a `MultiWorkerMirroredStrategy` as `strategy`; `cluster.strategy` runs functions on
+them from the notebook and brings results back as `PerReplica` values. Importing this package
+starts nothing and does not import ipyparallel.
+"""
+
+from nbdist.cluster.engines import Cluster
+from nbdist.cluster.errors import (
+    ClusterStartError,
+    EngineTimeoutError,
+    RemoteError,
+    RemoteFailure,
+    RemoteNameError,
+    SerializationError,
+)
+from nbdist.cluster.remote import EngineStrategy, RemoteRef, remote
+from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
+
+__all__ = [
+    "Cluster",
+    "ClusterStartError",
+    "EngineInfo",
+    "EngineStatus",
+    "EngineStrategy",
+    "EngineTimeoutError",
+    "RemoteError",
+    "RemoteFailure",
+    "RemoteNameError",
+    "RemoteRef",
+    "SerializationError",
+    "StatusTable",
+    "remote",
+]

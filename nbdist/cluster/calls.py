@@ -1,0 +1,293 @@
+"""Calling every engine at once and waiting for them: `call_engines`.
+
+One request goes to every engine (`DirectView.apply`, or one apply per engine when their
+arguments differ). While waiting, a supervisor watches for the situation a process group cannot
+get out of by itself: an engine whose function failed is idle again, but its peers are blocked
+in a collective it will never join. Gloo waits in C++, where neither the failed engine's error
+notice nor SIGINT reaches them, until the collective timeout (300 s by default). Note [Releasing
+blocked peers]: the supervisor asks each failed engine whether peers have entered more
+collectives than it has (their heartbeats say so); if they have, that engine publishes its
+failure and leaves the process group, which fails the peers' pending collectives at once with
+an error naming it. The group is then unusable (as after any failed collective) and the
+cluster is marked broken until `restart()`.
+
+Timeouts and Ctrl-C interrupt the engines still running (SIGINT through ipyparallel's nanny),
+then give them a few seconds to come back, releasing blocked peers the same way.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from nbdist.cluster import _engine_side, _wire
+from nbdist.cluster.errors import (
+    EngineTimeoutError,
+    RemoteError,
+    RemoteFailure,
+    SerializationError,
+)
+from nbdist.cluster.status import EngineInfo
+
+if TYPE_CHECKING:
+    from nbdist.cluster.engines import Cluster
+
+__all__ = ["call_engines"]
+
+_INTERRUPT_GRACE_S = 10.0
+_RECHECK_S = 1.0
+_RELEASE_TIMEOUT_S = 10.0
+
+
+def call_engines(
+    cluster: Cluster,
+    entry: str,
+    payloads: bytes | Sequence[Any],
+    *extra: Any,
+    timeout: float | None,
+    what: str,
+    fn: Any = None,
+) -> list[dict[str, Any]]:
+    """Call `_engine_side.<entry>(payload, *extra)` on every engine; replies in replica order.
+
+    Args:
+        cluster: A running cluster.
+        entry: The name of a function of `_engine_side` that returns a reply dict.
+        payloads: One payload for every engine, or a list with one per engine.
+        extra: More arguments, the same for every engine.
+        timeout: Seconds to wait (None: no limit).
+        what: How to name the call in errors, e.g. `"strategy.run(step)"`.
+        fn: The user's function, for hints about names it uses.
+
+    Returns:
+        The reply dicts in replica order, each `"value"` unpickled.
+
+    Raises:
+        RemoteError: one or more engines failed.
+        EngineTimeoutError: not every engine finished within `timeout`.
+        SerializationError: a result cannot be unpickled here.
+    """
+    engines = cluster.engines
+    parts = _submit(cluster.client, engines, entry, payloads, extra)
+    for info, part in zip(engines, parts):
+        cluster._track(info.id, part)
+    supervisor = _Supervisor(cluster, engines, parts, what)
+    try:
+        finished = supervisor.wait(timeout)
+    except KeyboardInterrupt:
+        supervisor.interrupt()
+        supervisor.wait(_INTERRUPT_GRACE_S)  # a second Ctrl-C stops waiting at once
+        raise
+    if not finished:
+        pending = supervisor.interrupt()
+        supervisor.wait(_INTERRUPT_GRACE_S)
+        still = [info.rank for info, part in zip(engines, parts) if not part.ready()]
+        detail = (
+            f" Replica(s) {still} are still busy (blocked outside Python, e.g. in a collective "
+            "whose peer is gone); restart the cluster with cluster.restart()."
+            if still
+            else ""
+        )
+        if supervisor.released:
+            detail += (
+                f" Replica(s) {supervisor.released} left the process group to release peers "
+                "blocked in a collective; call cluster.restart() before running collectives "
+                "again."
+            )
+        raise EngineTimeoutError(
+            f"{what} did not finish within {timeout:g} s on replica(s) {pending}; they were "
+            f"interrupted.{detail} Raise the timeout (cluster.strategy.timeout, or timeout=) "
+            "for longer work.",
+            pending=tuple(pending),
+        )
+    replies = [_reply_of(part) for part in parts]
+    _print_outputs(parts, engines)
+    failures = [_failure(info, reply) for info, reply in zip(engines, replies) if not _ok(reply)]
+    dead = [f.replica for f in failures if f.ename == "EngineError"]
+    if dead:
+        cluster._mark_broken(f"the engine(s) of replica(s) {dead} died during {what}")
+    if failures:
+        notes = _notes(failures, fn)
+        if supervisor.released:
+            notes.append(
+                f"Replica(s) {supervisor.released} left the process group to release peers "
+                "blocked in a collective; the group is unusable now. Call cluster.restart() "
+                "before running collectives again."
+            )
+        raise RemoteError(what, failures, len(engines), notes)
+    for info, reply in zip(engines, replies):
+        try:
+            reply["value"] = _wire.loads(reply["value"])
+        except Exception as error:
+            raise SerializationError(
+                f"The result of replica {info.rank} in {what} cannot be unpickled in the "
+                f"notebook: {type(error).__name__}: {error}. Return tensors, numbers or "
+                "containers of them."
+            ) from error
+    return replies
+
+
+def _submit(
+    client: Any,
+    engines: Sequence[EngineInfo],
+    entry: str,
+    payloads: bytes | Sequence[Any],
+    extra: tuple,
+) -> list[Any]:
+    """Send the request; one AsyncResult per engine, in replica order."""
+    func = getattr(_engine_side, entry)
+    ids = [info.id for info in engines]
+    if isinstance(payloads, (bytes, bytearray)):
+        result = client.direct_view(ids).apply_async(func, payloads, *extra)
+        return list(result.split()) if len(ids) > 1 else [result]
+    if len(payloads) != len(engines):
+        raise ValueError(f"{len(payloads)} payloads for {len(engines)} engines.")
+    return [
+        client.direct_view([info.id]).apply_async(func, payload, *extra)
+        for info, payload in zip(engines, payloads)
+    ]
+
+
+def _reply_of(part: Any) -> Any:
+    value = part.get(return_exceptions=True)
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return value
+
+
+def _ok(reply: Any) -> bool:
+    return isinstance(reply, dict) and bool(reply.get("ok"))
+
+
+class _Supervisor:
+    """Waits for one call on every engine; releases peers blocked by a failed engine."""
+
+    def __init__(self, cluster: Cluster, engines: Sequence[EngineInfo], parts: list[Any], what):
+        self.cluster = cluster
+        self.engines = list(engines)
+        self.parts = parts
+        self.what = what
+        self.released: list[int] = []
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until every engine answered (True) or `timeout` passed (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pending = [part for part in self.parts if not part.ready()]
+            if not pending:
+                return True
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            failed = self._failed_and_idle()
+            if failed and not self.released:
+                self._release(failed)
+            step = remaining
+            if failed and not self.released:  # peers' heartbeats may lag: look again soon
+                step = _RECHECK_S if step is None else min(step, _RECHECK_S)
+            concurrent.futures.wait(
+                pending, timeout=step, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+
+    def interrupt(self) -> list[int]:
+        """SIGINT the engines still running; their replica ids."""
+        pending = [info for info, part in zip(self.engines, self.parts) if not part.ready()]
+        if pending:
+            with contextlib.suppress(Exception):
+                self.cluster.client.send_signal(
+                    signal.SIGINT, targets=[info.id for info in pending], block=False
+                )
+        return [info.rank for info in pending]
+
+    def _failed_and_idle(self) -> list[tuple[EngineInfo, Any]]:
+        return [
+            (info, _reply_of(part))
+            for info, part in zip(self.engines, self.parts)
+            if part.ready() and not _ok(_reply_of(part))
+        ]
+
+    def _release(self, failed: list[tuple[EngineInfo, Any]]) -> None:
+        """Note [Releasing blocked peers]: ask the failed engines to leave the group if needed."""
+        client = self.cluster.client
+        for info, reply in failed:
+            if isinstance(reply, BaseException):
+                continue  # the engine died: its peers' collectives fail by themselves
+            reason = f"{reply.get('ename')}: {reply.get('evalue')} (in {self.what})"
+            try:
+                answer = (
+                    client.direct_view([info.id])
+                    .apply_async(_engine_side.release_peers, reason)
+                    .get(timeout=_RELEASE_TIMEOUT_S)
+                )
+            except Exception:
+                continue
+            answer = answer[0] if isinstance(answer, list) else answer
+            if answer.get("left"):
+                self.released.append(info.rank)
+                self.cluster._mark_broken(
+                    f"replica {info.rank} failed in {self.what} and left the process group to "
+                    f"release replica(s) {answer.get('waiting')} blocked in a collective"
+                )
+
+
+def _failure(info: EngineInfo, reply: Any) -> RemoteFailure:
+    if isinstance(reply, BaseException):
+        ename = str(getattr(reply, "ename", None) or type(reply).__name__)
+        evalue = str(getattr(reply, "evalue", None) or reply)
+        traceback = str(getattr(reply, "traceback", "") or "")
+        if ename == "EngineError":  # its traceback would show the client's internals only
+            evalue = f"the engine died or unregistered ({evalue}). Restart: cluster.restart()."
+            traceback = ""
+        return RemoteFailure(
+            replica=info.rank, engine_id=info.id, host=info.host, pid=info.pid, ename=ename,
+            evalue=evalue, traceback=traceback,
+        )  # fmt: skip
+    return RemoteFailure(
+        replica=info.rank,
+        engine_id=info.id,
+        host=info.host,
+        pid=info.pid,
+        ename=str(reply.get("ename", "Error")),
+        evalue=str(reply.get("evalue", "")),
+        traceback=str(reply.get("traceback", "")),
+        secondary=bool(reply.get("secondary", False)),
+    )
+
+
+def _notes(failures: list[RemoteFailure], fn: Any) -> list[str]:
+    """Hints whose fix is in the notebook (a name that exists here but not on the engines)."""
+    known = getattr(fn, "__globals__", None) if _wire.is_namespace_function(fn) else None
+    if not known:
+        return []
+    for failure in failures:
+        if failure.ename != "NameError" or failure.evalue.count("'") < 2:
+            continue
+        name = failure.evalue.split("'")[1]
+        if name in known:
+            return [
+                f"Note: {name!r} exists in this notebook but not on the engines; functions "
+                "run there look names up in the engine's namespace. Send it with "
+                f"cluster.push({{{name!r}: {name}}}) or define it on the engines."
+            ]
+    return []
+
+
+def _print_outputs(parts: list[Any], engines: Sequence[EngineInfo]) -> None:
+    """Print what each engine printed, prefixed by its replica id."""
+    for info, part in zip(engines, parts):
+        with contextlib.suppress(Exception):
+            part.wait_for_output(1.0)
+        for stream, name in ((sys.stdout, "stdout"), (sys.stderr, "stderr")):
+            try:
+                text = getattr(part, name)
+            except Exception:
+                continue
+            if isinstance(text, list):
+                text = "".join(t or "" for t in text)
+            for line in (text or "").splitlines():
+                print(f"[replica {info.rank}] {line}", file=stream)

@@ -1,0 +1,513 @@
+"""`Cluster`: ipyparallel engines joined in one `torch.distributed` group, from a notebook.
+
+`Cluster(n=2).start()` starts an ipyparallel controller and `n` engines on this machine (or
+one engine per GPU, each pinned with `CUDA_VISIBLE_DEVICES`), then bootstraps every engine at
+once (`_engine_side.bootstrap`): torchrun variables, torch threads, and a
+`MultiWorkerMirroredStrategy` kept in the engine's namespace as `strategy`. `cluster.strategy`
+is the notebook's side of it (`EngineStrategy`). `stop()` leaves no process behind: it stops
+ipyparallel's controller and engines, then waits, under a deadline, for every process of the
+cluster (the controller's schedulers and the engines' nannies included) and kills what is left.
+
+The controller and the rendezvous listen on 127.0.0.1. Imports ipyparallel when a cluster
+starts, not on import.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import socket
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from nbdist.cluster import _engine_side, _wire
+from nbdist.cluster.calls import call_engines
+from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
+from nbdist.cluster.plan import LaunchPlan, make_plan
+from nbdist.cluster.processes import KILL_GRACE_S, ProcessSet, pid_alive
+from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
+from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
+from nbdist.values import PerReplica
+
+__all__ = ["Cluster"]
+
+_LOG = logging.getLogger(__name__)
+_OUTPUT_TAIL = 30
+_ATTACH = (
+    "import nbdist.cluster._engine_side as _nbdist_engine_side\n"
+    "_nbdist_engine_side.attach(get_ipython().user_ns)\n"
+    "del _nbdist_engine_side\n"
+)
+
+_running: weakref.WeakSet[Cluster] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _stop_all_at_exit() -> None:
+    for cluster in list(_running):
+        with contextlib.suppress(Exception):
+            cluster.stop()
+
+
+class Cluster:
+    """Engines for a notebook: one replica each, joined in one `torch.distributed` group.
+
+    Args:
+        n: Number of engines. Default: one per visible GPU, else 2 CPU engines.
+        gpus: `"all"` (one engine per GPU), GPU indices (`[0, 2]` or `"0,2"`), or `"none"`
+            for CPU engines on a GPU machine. Default: the GPUs if there are any.
+        hosts: `"h1:2,h2:2"` for engines on other machines (needs launcher ssh, mpi or slurm;
+            not available yet).
+        launcher: `"local"` (this machine); `"ssh"`, `"mpi"`, `"slurm"` are not wired up yet
+            and raise `NotImplementedError`.
+        backend: `"auto"` (NCCL on GPUs, gloo on CPUs), `"gloo"` or `"nccl"`.
+        strategy: `"mirrored"` or `"multi_worker"` (both: one replica per engine in one group);
+            `"parameter_server"` is not available yet.
+        timeout: Seconds for the engines to start and join the group (and to stop).
+        profile_dir: ipyparallel profile directory (default: `$IPYTHONDIR/profile_default`).
+        heartbeat_period: Seconds between the controller's heartbeats (registration waits
+            for one; 10 missed beats unregister an engine).
+
+    Raises:
+        ValueError, TypeError, NotImplementedError: invalid arguments (see `plan.make_plan`).
+
+    Example (starts processes, so not run here)::
+
+        with nd.Cluster(n=2) as cluster:
+            out = cluster.strategy.run(lambda: nd.get_replica_context().replica_id_in_sync_group)
+            print(out)      # PerReplica:{0: 0, 1: 1}
+    """
+
+    def __init__(
+        self,
+        n: int | None = None,
+        gpus: Any = None,
+        hosts: Any = None,
+        launcher: str = "local",
+        backend: str = "auto",
+        strategy: str = "mirrored",
+        timeout: float = 120.0,
+        *,
+        profile_dir: str | None = None,
+        heartbeat_period: float = 1.0,
+    ):
+        self._plan: LaunchPlan = make_plan(n, gpus, hosts, launcher, backend, strategy, timeout)
+        if isinstance(heartbeat_period, bool) or not (
+            isinstance(heartbeat_period, (int, float)) and 0.05 <= heartbeat_period <= 60
+        ):
+            raise ValueError(
+                f"heartbeat_period must be between 0.05 and 60 seconds, got {heartbeat_period!r}."
+            )
+        self._heartbeat_ms = int(heartbeat_period * 1000)
+        self._profile_dir = profile_dir
+        self._ipp: Any = None
+        self._client: Any = None
+        self._engines: tuple[EngineInfo, ...] = ()
+        self._processes = ProcessSet()
+        self._state = "stopped"
+        self._broken: str | None = None
+        self._inflight: dict[int, set[Any]] = {}  # engine id -> requests not answered yet
+        self._strategy = EngineStrategy(self)
+        self.start_seconds: float | None = None
+        """Seconds the last `start()` took until every engine had its strategy."""
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def plan(self) -> LaunchPlan:
+        """What this cluster starts (engines, GPUs, backend)."""
+        return self._plan
+
+    @property
+    def num_engines(self) -> int:
+        """The number of engines (= replicas)."""
+        return self._plan.n
+
+    @property
+    def running(self) -> bool:
+        """True between a successful `start()` and `stop()`."""
+        return self._state == "running"
+
+    @property
+    def broken(self) -> str | None:
+        """Why the engines' process group is unusable (a failed engine left it), else None.
+
+        `strategy.run` refuses to run until `restart()`; `push` and `pull` still work.
+        """
+        return self._broken
+
+    @property
+    def engines(self) -> tuple[EngineInfo, ...]:
+        """The engines in replica order (empty when not running)."""
+        return self._engines
+
+    @property
+    def strategy(self) -> EngineStrategy:
+        """The notebook's strategy over the engines (replica `i` = engine of rank `i`)."""
+        self._require_running("cluster.strategy")
+        return self._strategy
+
+    @property
+    def client(self) -> Any:
+        """The connected `ipyparallel.Client`."""
+        self._require_running("cluster.client")
+        return self._client
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> Cluster:
+        """Start the controller and engines, and give every engine its strategy.
+
+        Returns when every engine has joined the process group, or raises within `timeout`
+        seconds having stopped whatever it started. Does nothing if already running.
+
+        Raises:
+            EngineTimeoutError: (a `TimeoutError`) engines did not register or join in time.
+            ClusterStartError: (a `RuntimeError`) the controller or an engine failed to start,
+                or an engine failed to create its strategy; the message has the engine output.
+        """
+        if self._state == "running":
+            return self
+        if self._state != "stopped":
+            raise RuntimeError(f"Cannot start a cluster that is {self._state}.")
+        _register_atexit()
+        begin = time.perf_counter()
+        deadline = time.monotonic() + self._plan.timeout
+        self._state = "starting"
+        _running.add(self)
+        try:
+            self._launch(deadline)
+            self._join(deadline)
+        except BaseException as error:
+            output = self._output_tail()
+            self._teardown()
+            if isinstance(error, (KeyboardInterrupt, ClusterStartError, EngineTimeoutError)):
+                if output and not isinstance(error, KeyboardInterrupt):
+                    error.args = (f"{error.args[0]}\n{output}", *error.args[1:])
+                raise
+            raise ClusterStartError(
+                f"The cluster failed to start: {type(error).__name__}: {error}\n{output}"
+            ) from error
+        self._state = "running"
+        self.start_seconds = time.perf_counter() - begin
+        return self
+
+    def stop(self) -> None:
+        """Stop the engines and the controller; return once none of their processes is left.
+
+        Processes still running `timeout` seconds after being asked to stop (or 5 s, if less)
+        are killed. Safe to call twice, or on a cluster that never started.
+        """
+        if self._state == "stopped" and self._ipp is None:
+            return
+        self._state = "stopping"
+        self._teardown()
+
+    def restart(self) -> Cluster:
+        """Stop and start again: fresh engines and a fresh process group (state is lost)."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    # -- engine namespaces ----------------------------------------------------------------
+    def push(self, values: dict[str, Any], *, timeout: float | None = None) -> None:
+        """Assign `values` (`{name: value}`) in every engine's namespace.
+
+        A `PerReplica` value is scattered: engine `i` gets component `i`.
+        """
+        if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
+            raise TypeError(f"push takes a dict of {{name: value}}, got {values!r}.")
+        n = self.num_engines
+        parts = [(f"values[{key!r}]", value) for key, value in values.items()]
+        if _has_distributed(values):
+            payload: Any = [_wire.encode(_scatter(values, i, n), parts) for i in range(n)]
+        else:
+            payload = _wire.encode(values, parts)
+        self._call("store", payload, timeout=timeout, what="cluster.push")
+
+    def pull(self, *names: str, timeout: float | None = None) -> Any:
+        """Each engine's value of `name` as one `PerReplica` (a tuple of them for several).
+
+        Names may be dotted paths (`"model.fc.weight"`); tensors come back detached, on the
+        CPU.
+        """
+        from nbdist.cluster.remote import RemoteRef
+
+        if not names:
+            raise TypeError("pull needs at least one variable name, e.g. cluster.pull('loss').")
+        for name in names:
+            RemoteRef(name)  # checks the name
+        payload = _wire.dumps(list(names))
+        replies = self._call("fetch", payload, timeout=timeout, what="cluster.pull")
+        pulled = tuple(
+            PerReplica([reply["value"][k] for reply in replies]) for k in range(len(names))
+        )
+        return pulled[0] if len(names) == 1 else pulled
+
+    # -- status ---------------------------------------------------------------------------
+    def status(self) -> StatusTable:
+        """One row per engine: replica, engine id, host, pid, device, state.
+
+        `state` is `"alive"` (registered, idle), `"busy"` (running a request sent through
+        this cluster: `strategy.run`, `push`, `pull`) or `"dead"` (its process exited or it
+        unregistered). (The controller's own queue counts lag behind the replies, so they are
+        not used.)
+        """
+        if not self._engines:
+            return StatusTable()
+        registered = set(self._client.ids) if self._client is not None else set()
+        here = socket.gethostname()
+        rows = []
+        for info in self._engines:
+            alive = info.id in registered and (info.host != here or pid_alive(info.pid))
+            busy = bool(self._inflight.get(info.id))
+            state = "dead" if not alive else "busy" if busy else "alive"
+            rows.append(
+                EngineStatus(
+                    info.rank, info.id, info.host, info.pid, info.device, state, gpu=info.gpu
+                )
+            )
+        return StatusTable(rows)
+
+    def __repr__(self) -> str:
+        plan = self._plan
+        kind = f"GPU engine(s) {list(plan.gpus)}" if plan.gpus else "CPU engine(s)"
+        ids = f", engines {[e.id for e in self._engines]}" if self._engines else ""
+        state = "running, process group broken" if self._broken else self._state
+        return (
+            f"<nbdist.Cluster: {plan.n} {kind}, launcher={plan.launcher!r}, "
+            f"backend={plan.backend!r}, {state}{ids}>"
+        )
+
+    # -- starting -------------------------------------------------------------------------
+    def _launch(self, deadline: float) -> None:
+        import ipyparallel
+        from traitlets.config import Config
+
+        plan = self._plan
+        config = Config()
+        config.ControllerLauncher.connection_info_timeout = float(plan.timeout)
+        kwargs: dict[str, Any] = {
+            "n": plan.n,
+            "controller_ip": "127.0.0.1",
+            "controller_args": [f"--HeartMonitor.period={self._heartbeat_ms}"],
+            "delay": 0.0,
+            "engine_timeout": math.ceil(plan.timeout),
+            "log_level": logging.WARNING,
+            "config": config,
+        }
+        if self._profile_dir is not None:
+            kwargs["profile_dir"] = self._profile_dir
+        self._ipp = ipyparallel.Cluster(**kwargs)
+        self._ipp.start_controller_sync()
+        threads = max(1, _cores() // plan.n)
+        for count, environment in plan.engine_sets():
+            env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+            env.update(environment)
+            self._ipp.start_engines_sync(n=count, environment=env)
+        self._record_processes()
+        self._client = self._ipp.connect_client_sync()
+        try:
+            self._client.wait_for_engines(
+                plan.n, timeout=_remaining(deadline), block=True, interactive=False
+            )
+        except TimeoutError as error:
+            raise EngineTimeoutError(
+                f"Only {len(self._client.ids)} of {plan.n} engines registered within "
+                f"{plan.timeout:g} s. Raise Cluster(timeout=...) on a slow or busy machine.",
+                pending=(plan.n - len(self._client.ids),),
+            ) from error
+        self._record_processes()
+
+    def _join(self, deadline: float) -> None:
+        """Attach, describe and bootstrap every engine (concurrently), in rank order."""
+        plan = self._plan
+        ids = sorted(self._client.ids)[: plan.n]
+        view = self._client.direct_view(ids)
+        self._wait_start(view.execute(_ATTACH, block=False), deadline, "attaching")
+        described = self._wait_start(
+            view.apply_async(_engine_side.describe, "127.0.0.1"), deadline, "describing"
+        )
+        hosts = list(dict.fromkeys(d["host"] for d in described))
+
+        def order(item: tuple[int, dict[str, Any]]) -> tuple[int, int, int]:
+            engine_id, info = item
+            gpu = info["cuda_visible_devices"]
+            gpu_order = plan.gpus.index(gpu) if plan.gpus and gpu in plan.gpus else 0
+            return (hosts.index(info["host"]), gpu_order, engine_id)
+
+        ranked = sorted(zip(ids, described), key=order)
+        master_port = ranked[0][1]["free_port"]
+        results = []
+        for rank, (engine_id, info) in enumerate(ranked):
+            same_host = [i for i, (_, d) in enumerate(ranked) if d["host"] == info["host"]]
+            config = {
+                "rank": rank,
+                "world_size": plan.n,
+                "local_rank": same_host.index(rank),
+                "local_world_size": len(same_host),
+                "master_addr": "127.0.0.1",
+                "master_port": master_port,
+                "implementation": plan.implementation.value,
+            }
+            target = self._client.direct_view([engine_id])
+            results.append(target.apply_async(_engine_side.bootstrap, config))
+        from ipyparallel.client.asyncresult import AsyncResult
+
+        booted = self._wait_start(AsyncResult.join(*results), deadline, "joining the group")
+        self._engines = tuple(
+            EngineInfo(
+                id=engine_id,
+                rank=rank,
+                host=info["host"],
+                pid=info["pid"],
+                device=boot["device"],
+                gpu=info["cuda_visible_devices"] if plan.gpus else None,
+            )
+            for rank, ((engine_id, info), boot) in enumerate(zip(ranked, booted))
+        )
+
+    def _wait_start(self, result: Any, deadline: float, step: str) -> list[Any]:
+        if not result.wait(_remaining(deadline)):
+            raise EngineTimeoutError(
+                f"The engines did not finish {step} within {self._plan.timeout:g} s. Raise "
+                "Cluster(timeout=...) on a slow or busy machine."
+            )
+        values = result.get(return_exceptions=True)
+        errors = [(i, v) for i, v in enumerate(values) if isinstance(v, BaseException)]
+        if errors:
+            lines = [f"{len(errors)} engine(s) failed while {step}:"]
+            for index, error in errors:
+                lines.append(f"--- engine {index}: {_ipp_error_text(error)}")
+            raise ClusterStartError("\n".join(lines))
+        return list(values)
+
+    # -- calling --------------------------------------------------------------------------
+    def _call(
+        self,
+        entry: str,
+        payloads: bytes | Sequence[Any],
+        *extra: Any,
+        timeout: float | None,
+        what: str,
+        fn: Any = None,
+        needs_group: bool = False,
+    ) -> list[dict[str, Any]]:
+        """`calls.call_engines` on this cluster (see there)."""
+        self._require_running(what)
+        if needs_group and self._broken is not None:
+            raise RuntimeError(
+                f"{what} cannot run: the engines' process group is unusable ({self._broken}). "
+                "Call cluster.restart() (engine state is lost), then run again."
+            )
+        return call_engines(self, entry, payloads, *extra, timeout=timeout, what=what, fn=fn)
+
+    def _track(self, engine_id: int, request: Any) -> None:
+        """Count `request` (an AsyncResult) as running on the engine until it is answered."""
+        pending = self._inflight.setdefault(engine_id, set())
+        pending.add(request)
+        request.add_done_callback(pending.discard)
+
+    def _mark_broken(self, reason: str) -> None:
+        if self._broken is None:
+            self._broken = reason
+
+    # -- stopping -------------------------------------------------------------------------
+    def _teardown(self) -> None:
+        self._record_processes()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+        if self._ipp is not None:
+            # Engines first, while the controller still listens: each engine's nanny tells
+            # the controller its engine left and exits at once (with the controller gone it
+            # would wait 3 s for the message to go out).
+            for step in (self._ipp.stop_engines_sync, self._ipp.stop_controller_sync):
+                try:
+                    step()
+                except Exception as error:  # keep going: the processes are reaped below
+                    _LOG.warning("ipyparallel could not stop the cluster cleanly: %s", error)
+        self._processes.reap(min(self._plan.timeout, KILL_GRACE_S))
+        self._ipp = None
+        self._client = None
+        self._engines = ()
+        self._processes = ProcessSet()
+        self._broken = None
+        self._inflight = {}
+        self._state = "stopped"
+        _running.discard(self)
+
+    def _record_processes(self) -> None:
+        """Remember every process of the cluster (controller, schedulers, engines, nannies)."""
+        roots: list[Any] = []
+        if self._ipp is not None:
+            roots.append(getattr(getattr(self._ipp, "controller", None), "process", None))
+            for engine_set in list(getattr(self._ipp, "engines", {}).values()):
+                for launcher in list(getattr(engine_set, "launchers", {}).values()):
+                    roots.append(getattr(launcher, "process", None))
+        here = socket.gethostname()
+        roots += [info.pid for info in self._engines if info.host == here]
+        self._processes.record(roots)
+
+    @property
+    def processes(self) -> tuple[int, ...]:
+        """Pids of the cluster's processes seen so far (controller, engines, nannies)."""
+        self._record_processes()
+        return self._processes.pids
+
+    # -- helpers --------------------------------------------------------------------------
+    def _require_running(self, what: str) -> None:
+        if self._state != "running":
+            raise RuntimeError(
+                f"{what} needs running engines, but the cluster is {self._state}. Call "
+                "cluster.start() first (or use `with nd.Cluster(...) as cluster:`)."
+            )
+
+    def _output_tail(self) -> str:
+        """The last lines the controller and engines printed (for start errors)."""
+        chunks = []
+        with contextlib.suppress(Exception):
+            if self._ipp is not None and self._ipp.controller is not None:
+                chunks.append(("controller's", self._ipp.controller.get_output()))
+        with contextlib.suppress(Exception):
+            for engine_set in list(self._ipp.engines.values()) if self._ipp else []:
+                chunks.append(("engines'", engine_set.get_output()))
+        lines = []
+        for name, text in chunks:
+            tail = [line for line in (text or "").splitlines() if line.strip()][-_OUTPUT_TAIL:]
+            if tail:
+                lines.append(f"--- last lines of the {name} output:")
+                lines.extend(tail)
+        return "\n".join(lines)
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_stop_all_at_exit)
+        _atexit_registered = True
+
+
+def _remaining(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _cores() -> int:
+    return _engine_side._cores()
+
+
+def _ipp_error_text(error: BaseException) -> str:
+    ename = getattr(error, "ename", type(error).__name__)
+    evalue = getattr(error, "evalue", str(error))
+    tb = getattr(error, "traceback", None)
+    text = f"{ename}: {evalue}"
+    if tb:
+        text += "\n" + "\n".join(str(tb).splitlines()[-_OUTPUT_TAIL:])
+    return text

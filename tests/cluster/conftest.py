@@ -1,0 +1,91 @@
+"""Fixtures for tests that start real ipyparallel engines (`nd.Cluster`).
+
+- Every test leaves no child process behind (autouse `no_leftover_processes`); clusters also
+  check, when they stop, that every process they had (controller, schedulers, engines and the
+  engines' nannies, which are not our descendants once their engine exits) is gone.
+- `start_cluster(**kwargs)` starts one cluster per test module (a module-scoped factory with a
+  finalizer that stops it), in a module-private `IPYTHONDIR`, so the modules' tests share it.
+- Starting engines costs seconds, so under pytest-xdist the tests of each module here run on
+  one worker (`pytest_xdist_make_scheduler` below; it takes effect when this folder is given on
+  the command line, e.g. `pytest tests/cluster -n 2`, which loads this file in the controller).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+
+from nbdist.cluster import Cluster
+from nbdist.testing import no_leftover_processes
+
+STOP_DEADLINE_S = 15.0
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Keep each module of tests/cluster on one xdist worker (one cluster per module)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if "tests/cluster/" in path.replace(os.sep, "/") else nodeid
+
+    return ClusterModulesTogether(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes():
+    with no_leftover_processes(grace=10.0):
+        yield
+
+
+def assert_processes_gone(pids: tuple[int, ...], deadline_s: float = STOP_DEADLINE_S) -> None:
+    """Every pid exited (zombies of other parents count as exited) within the deadline."""
+    processes = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            processes.append(psutil.Process(pid))
+
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    _, alive = psutil.wait_procs([p for p in processes if running(p)], timeout=deadline_s)
+    alive = [p for p in alive if running(p)]
+    assert not alive, f"processes left after stop(): {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+def stop_and_check(cluster: Cluster) -> None:
+    """Stop `cluster` and check that none of its processes is left."""
+    pids = cluster.processes if cluster.running else ()
+    cluster.stop()
+    assert_processes_gone(pids)
+
+
+@pytest.fixture(scope="module")
+def start_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Cluster]]:
+    """`start_cluster(**kwargs)`: a started `Cluster(n=2, ...)`, stopped at the module's end."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
+
+        def start(**kwargs) -> Cluster:
+            cluster = Cluster(**{"n": 2, "timeout": 90.0, **kwargs})
+            request.addfinalizer(lambda: stop_and_check(cluster))
+            begin = time.perf_counter()
+            cluster.start()
+            print(f"\nCluster start to ready: {time.perf_counter() - begin:.2f} s ({cluster!r})")
+            return cluster
+
+        yield start

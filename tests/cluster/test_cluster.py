@@ -1,0 +1,382 @@
+"""`nd.Cluster` with 2 real CPU engines: one process group, remote runs, errors, stop.
+
+One cluster serves the module (`start_cluster`); `test_lifecycle` starts its own (and restarts
+it) to check stop, restart and the release of an engine blocked in a collective, so the file
+starts engines 3 times. Functions sent to the engines are wrapped in `ipyparallel.interactive`,
+which makes them behave as if defined in a notebook: their global names (`nd`, `torch`,
+`strategy`, variables set earlier) resolve in the engine's namespace.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+from ipyparallel import interactive
+
+import nbdist as nd
+from nbdist.cluster import (
+    Cluster,
+    EngineTimeoutError,
+    RemoteError,
+    RemoteNameError,
+    SerializationError,
+    remote,
+)
+from nbdist.cluster.plan import make_plan
+from nbdist.errors import NbdistError
+
+pytestmark = pytest.mark.cluster
+
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster(start_cluster):
+    cluster = start_cluster()
+    cluster.strategy.timeout = TIMEOUT
+    return cluster
+
+
+# -- functions run on the engines ------------------------------------------------------------
+@interactive
+def replica_sums():
+    ctx = nd.get_replica_context()
+    r = ctx.replica_id_in_sync_group
+    summed = ctx.all_reduce("sum", torch.tensor([1.0 + r, 10.0 * r]))
+    gathered = ctx.all_gather(torch.tensor([float(r)]), axis=0)
+    return summed, gathered, r, ctx.num_replicas_in_sync, strategy.num_replicas_in_sync  # noqa: F821
+
+
+@interactive
+def remember(value):
+    global remembered
+    remembered = value * 10
+
+
+@interactive
+def recall():
+    return remembered
+
+
+@interactive
+def add(x, y, scale=1.0):
+    return (x + y) * scale
+
+
+@interactive
+def fail_on_replica_one(message):
+    if nd.get_replica_context().replica_id_in_sync_group == 1:
+        raise ValueError(message)
+    return "fine"
+
+
+@interactive
+def sleep_on_replica_one(seconds):
+    import time
+
+    if nd.get_replica_context().replica_id_in_sync_group == 1:
+        time.sleep(seconds)
+    return "done"
+
+
+@interactive
+def returns_a_lock():
+    import threading
+
+    return threading.Lock()
+
+
+@interactive
+def uses_notebook_only_name():
+    return only_in_the_notebook  # noqa: F821
+
+
+@interactive
+def make_iterator(count):
+    global batches, steps_seen
+    r = nd.get_replica_context().replica_id_in_sync_group
+    batches = iter([torch.tensor([float(10 * r + i)]) for i in range(count)])
+    steps_seen = 0
+
+
+@interactive
+def train_step(batch):
+    global steps_seen
+    steps_seen += 1
+    return nd.get_replica_context().all_reduce("sum", batch), steps_seen
+
+
+@interactive
+def fail_before_collective():
+    ctx = nd.get_replica_context()
+    if ctx.replica_id_in_sync_group == 1:
+        raise ValueError("replica 1 gives up before the all_reduce")
+    return ctx.all_reduce("sum", torch.tensor(1.0))
+
+
+# -- construction (no engines) -----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"n": 0}, ValueError, ["n=0", "at least 1"]),
+        ({"n": -3}, ValueError, ["n=-3"]),
+        ({"n": 1.5}, TypeError, ["n must be a whole number"]),
+        ({"launcher": "kubernetes"}, ValueError, ["'kubernetes'", "'local'", "'ssh'", "'slurm'"]),
+        ({"backend": "mpi"}, ValueError, ["'mpi'", "'auto'", "'gloo'", "'nccl'"]),
+        ({"strategy": "central"}, ValueError, ["'central'", "'mirrored'", "'multi_worker'"]),
+        ({"strategy": "parameter_server"}, NotImplementedError, ["strategy='mirrored'"]),
+        ({"launcher": "ssh", "hosts": "a:2"}, NotImplementedError, ["launcher='ssh'", "local"]),
+        ({"hosts": "node1:2"}, ValueError, ["hosts='node1:2'", "launcher='ssh'"]),
+        ({"gpus": 2}, TypeError, ["gpus=2", "n=2"]),
+        ({"n": 2, "timeout": 0}, ValueError, ["timeout"]),
+        ({"n": 2, "heartbeat_period": 0}, ValueError, ["heartbeat_period"]),
+    ],
+)
+def test_constructor_rejects_bad_input(kwargs, error, words):
+    with pytest.raises(error) as info:
+        Cluster(**kwargs)
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without GPU")
+def test_gpus_all_without_gpu_names_the_fix():
+    with pytest.raises(ValueError, match=r"no CUDA GPU.*Cluster\(n=2\)"):
+        Cluster(gpus="all")
+    with pytest.raises(ValueError, match="nccl"):
+        Cluster(n=2, backend="nccl")
+
+
+def test_gpu_plans_pin_one_gpu_per_engine():
+    # What Cluster(...) plans on a machine with GPUs "2" and "3" (CUDA_VISIBLE_DEVICES=2,3).
+    plan = make_plan(gpus="all", gpu_ids=("2", "3"))
+    assert plan.n == 2 and plan.device_kind == "gpu"
+    assert plan.engine_sets() == [
+        (1, {"CUDA_VISIBLE_DEVICES": "2"}),
+        (1, {"CUDA_VISIBLE_DEVICES": "3"}),
+    ]
+    assert make_plan(gpus="1", gpu_ids=("2", "3")).gpus == ("3",)
+    assert make_plan(n=1, gpu_ids=("0", "1")).gpus == ("0",)
+    assert make_plan(gpus="none", n=3, gpu_ids=("0",)).engine_sets() == [(3, {})]
+    assert make_plan(gpus=[0], backend="nccl", gpu_ids=("0",)).backend == "nccl"
+    with pytest.raises(ValueError, match=r"GPU\(s\) \[4\]"):
+        make_plan(gpus=[0, 4], gpu_ids=("0", "1"))
+    with pytest.raises(ValueError, match="twice"):
+        make_plan(gpus=[1, 1], gpu_ids=("0", "1"))
+    with pytest.raises(ValueError, match="only 2 GPU"):
+        make_plan(n=3, gpu_ids=("0", "1"))
+
+
+def test_a_cluster_that_is_not_running_says_so():
+    cluster = Cluster(n=2)
+    assert not cluster.running and cluster.engines == () and len(cluster.status()) == 0
+    with pytest.raises(RuntimeError, match=r"cluster.start\(\)"):
+        _ = cluster.strategy
+    cluster.stop()  # stopping a cluster that never started is fine
+    assert "stopped" in repr(cluster)
+
+
+# -- one cluster for the module -----------------------------------------------------------------
+def test_engines_form_one_process_group(cluster):
+    assert cluster.running and cluster.num_engines == 2
+    assert [e.rank for e in cluster.engines] == [0, 1]
+    summed, gathered, ranks, in_ctx, in_strategy = cluster.strategy.run(replica_sums)
+    assert isinstance(summed, nd.PerReplica)
+    for component in summed.values:  # (1 + 2, 0 + 10) on both replicas
+        assert torch.equal(component, torch.tensor([3.0, 10.0]))
+    for component in gathered.values:
+        assert torch.equal(component, torch.tensor([0.0, 1.0]))
+    assert ranks.values == (0, 1)
+    assert in_ctx.values == (2, 2) and in_strategy.values == (2, 2)
+    assert cluster.strategy.num_replicas_in_sync == 2
+
+
+def test_state_stays_on_the_engines_between_calls(cluster):
+    strategy = cluster.strategy
+    assert strategy.run(remember, args=(nd.PerReplica([1, 2]),)) is None
+    assert strategy.run(recall).values == (10, 20)
+    assert cluster.pull("remembered").values == (10, 20)
+
+
+def test_remote_names_an_engine_variable(cluster):
+    cluster.push({"weights": nd.PerReplica([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])])})
+    out = cluster.strategy.run(
+        add, args=(remote("weights"), torch.tensor([10.0, 10.0])), kwargs={"scale": 2.0}
+    )
+    assert torch.equal(out.values[0], torch.tensor([22.0, 24.0]))
+    assert torch.equal(out.values[1], torch.tensor([26.0, 28.0]))
+    cluster.push({"holder": torch.nn.Linear(2, 1, bias=False)})
+    shapes = cluster.strategy.run(add, args=(remote("holder.weight"), 0.0))
+    assert [tuple(v.shape) for v in shapes.values] == [(1, 2), (1, 2)]
+
+
+def test_per_replica_arguments_are_scattered(cluster):
+    x = nd.PerReplica([torch.tensor(1.0), torch.tensor(2.0)])
+    out = cluster.strategy.run(add, args=(x,), kwargs={"y": nd.PerReplica([100.0, 200.0])})
+    assert [float(v) for v in out.values] == [101.0, 202.0]
+    with pytest.raises(ValueError, match="3 component"):
+        cluster.strategy.run(add, args=(nd.PerReplica([1, 2, 3]), 1))
+
+
+def test_reduce_and_gather_in_the_notebook(cluster):
+    strategy = cluster.strategy
+    x = nd.PerReplica([torch.tensor([0.0, 1.0, 2.0, 3.0]), torch.tensor([4.0, 5.0])])
+    values = strategy.run(add, args=(x, 0.0))
+    assert torch.equal(strategy.gather(values, axis=0), torch.arange(6.0))
+    assert float(strategy.reduce("mean", values, axis=0)) == pytest.approx(2.5)  # 15 / 6
+    assert float(strategy.reduce(nd.ReduceOp.SUM, values, axis=0)) == 15.0
+    same = strategy.run(add, args=(nd.PerReplica([torch.ones(2), 3 * torch.ones(2)]), 0.0))
+    assert torch.equal(strategy.reduce("sum", same, axis=None), torch.tensor([4.0, 4.0]))
+    assert torch.equal(strategy.reduce("max", same), torch.tensor([3.0, 3.0]))
+    assert [tuple(v.tolist()) for v in strategy.experimental_local_results(same)] == [
+        (1.0, 1.0),
+        (3.0, 3.0),
+    ]
+    assert strategy.experimental_local_results(5) == (5,)
+    with pytest.raises(ValueError, match="different shapes"):
+        strategy.reduce("sum", values, axis=None)
+
+
+def test_an_error_on_one_engine_names_the_replica(cluster):
+    with pytest.raises(RemoteError) as info:
+        cluster.strategy.run(fail_on_replica_one, args=("the data ran dry",))
+    error = info.value
+    assert isinstance(error, NbdistError) and isinstance(error, RuntimeError)
+    assert error.replicas == (1,) and error.first.replica == 1
+    assert error.first.ename == "ValueError"
+    message = str(error)
+    assert "1 of 2 replica(s) failed in strategy.run(fail_on_replica_one)" in message
+    assert "replica 1 (engine" in message
+    assert "Traceback" in message and "in fail_on_replica_one" in message
+    assert "raise ValueError(message)" in message  # the source line, shipped with the function
+    assert "ValueError: [replica 1 of 2] the data ran dry" in message
+    # Replica 0 was not waiting for replica 1, so the group is still usable.
+    assert cluster.broken is None
+    summed = cluster.strategy.run(replica_sums)[0]
+    assert torch.equal(summed.values[1], torch.tensor([3.0, 10.0]))
+
+
+def test_an_unpicklable_argument_is_refused_before_sending(cluster):
+    with pytest.raises(SerializationError) as info:
+        cluster.strategy.run(add, args=(1, threading.Lock()))
+    assert isinstance(info.value, TypeError)
+    message = str(info.value)
+    assert "args[1]" in message and "_thread.lock" in message and "nd.remote(" in message
+    with pytest.raises(RemoteError, match=r"result \(a lock\) cannot be sent back"):
+        cluster.strategy.run(returns_a_lock)
+
+
+def test_a_missing_remote_name_is_named(cluster):
+    with pytest.raises(RemoteError) as info:
+        cluster.strategy.run(add, args=(remote("no_such_model"), 1))
+    error = info.value
+    assert error.replicas == (0, 1)
+    assert {f.ename for f in error.failures} == {RemoteNameError.__name__}
+    assert "nd.remote('no_such_model')" in str(error)
+    assert "has no variable 'no_such_model'" in str(error)
+    with pytest.raises(ValueError, match="variable name"):
+        remote("not a name")
+
+
+def test_a_name_only_the_notebook_has_gets_a_hint(cluster, monkeypatch):
+    monkeypatch.setitem(sys.modules["__main__"].__dict__, "only_in_the_notebook", 1)
+    with pytest.raises(RemoteError, match=r"cluster.push\(\{'only_in_the_notebook'"):
+        cluster.strategy.run(uses_notebook_only_name)
+
+
+def test_run_steps_runs_several_steps_per_round_trip(cluster):
+    strategy = cluster.strategy
+    strategy.run(make_iterator, args=(5,))
+    summed, seen = strategy.run_steps(train_step, "batches", steps=3)
+    assert seen.values == (3, 3)
+    assert [float(v) for v in summed.values] == [2.0 + 12.0] * 2  # batch 2 of each replica
+    summed, seen = strategy.run_steps(train_step, remote("batches"), steps=10)
+    assert seen.values == (5, 5)  # stopped when the data ran out
+    with pytest.raises(StopIteration, match="exhausted"):
+        strategy.run_steps(train_step, "batches", steps=1)
+    with pytest.raises(RemoteError, match="needs an iterator"):
+        strategy.run_steps(train_step, "remembered")
+
+
+def test_a_timeout_interrupts_the_engines(cluster):
+    begin = time.perf_counter()
+    with pytest.raises(EngineTimeoutError) as info:
+        cluster.strategy.run(sleep_on_replica_one, args=(600,), timeout=2)
+    assert isinstance(info.value, TimeoutError) and info.value.pending == (1,)
+    assert time.perf_counter() - begin < 30
+    # The interrupted engine is idle again and the group is intact.
+    assert cluster.strategy.run(sleep_on_replica_one, args=(0,)).values == ("done", "done")
+
+
+def test_status_lists_alive_engines(cluster):
+    rows = cluster.status()
+    assert [row.rank for row in rows] == [0, 1]
+    assert [row.state for row in rows] == ["alive", "alive"] and rows.alive
+    assert [row.device for row in rows] == ["cpu:0", "cpu:0"]
+    pids = [row.pid for row in rows]
+    assert len(set(pids)) == 2 and all(psutil.pid_exists(pid) for pid in pids)
+    assert "replica  engine" in str(rows)
+    assert "2 CPU engine(s)" in repr(cluster) and "running" in repr(cluster)
+
+
+def test_round_trip_time(cluster):
+    """Print (not assert) a remote run's round trip against a bare ipyparallel apply."""
+    view = cluster.client.direct_view([e.id for e in cluster.engines])
+    noop = interactive(lambda: None)
+    rounds = 20
+    for _ in range(3):
+        cluster.strategy.run(noop)
+        view.apply_sync(noop)
+    begin = time.perf_counter()
+    for _ in range(rounds):
+        cluster.strategy.run(noop)
+    run_s = (time.perf_counter() - begin) / rounds
+    begin = time.perf_counter()
+    for _ in range(rounds):
+        view.apply_sync(noop)
+    apply_s = (time.perf_counter() - begin) / rounds
+    print(
+        f"\nround trip over 2 engines: strategy.run {run_s * 1e3:.1f} ms, "
+        f"DirectView.apply_sync {apply_s * 1e3:.1f} ms"
+    )
+
+
+# -- a cluster of its own: stop, restart, release -------------------------------------------------
+def test_lifecycle(tmp_path, monkeypatch):
+    from conftest import assert_processes_gone
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+    begin = time.perf_counter()
+    with Cluster(n=2, timeout=90.0) as cluster:
+        print(f"\nCluster start to ready: {time.perf_counter() - begin:.2f} s")
+        cluster.strategy.timeout = TIMEOUT
+        first_pids = cluster.processes
+        assert {row.pid for row in cluster.status()} <= set(first_pids)
+        # Replica 1 fails while replica 0 waits for it in a collective: replica 0 must be
+        # released quickly (not after the 300 s collective timeout), and the group is broken.
+        begin = time.perf_counter()
+        with pytest.raises(RemoteError) as info:
+            cluster.strategy.run(fail_before_collective)
+        assert time.perf_counter() - begin < 30
+        error = info.value
+        assert error.replicas == (0, 1) and error.first.replica == 1
+        assert error.first.ename == "ValueError" and error.failures[0].secondary
+        assert "replica 1 gives up" in error.failures[0].evalue  # replica 0 names the cause
+        assert "cluster.restart()" in str(error) and cluster.broken is not None
+        with pytest.raises(RuntimeError, match=r"restart\(\)"):
+            cluster.strategy.run(replica_sums)
+        cluster.restart()
+        assert cluster.broken is None
+        assert set(cluster.processes).isdisjoint(first_pids)
+        assert_processes_gone(first_pids)
+        assert cluster.strategy.run(replica_sums)[2].values == (0, 1)
+        with pytest.raises(RemoteError, match="name 'remembered' is not defined"):  # fresh
+            cluster.strategy.run(recall)
+        second_pids = cluster.processes
+    assert not cluster.running and cluster.engines == ()
+    assert_processes_gone(second_pids)
