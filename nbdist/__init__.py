@@ -5,6 +5,7 @@ The whole public API is listed here.
 """
 
 from nbdist import cluster_resolver, experimental
+from nbdist.cluster import Cluster, RemoteError, remote
 from nbdist.cluster_resolver import ClusterSpec
 from nbdist.cross_device_ops import (
     CrossDeviceOps,
@@ -59,6 +60,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CentralStorageStrategy",
+    "Cluster",
     "ClusterSpec",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
@@ -80,6 +82,7 @@ __all__ = [
     "PerReplica",
     "ReduceOp",
     "ReductionToOneDevice",
+    "RemoteError",
     "RendezvousError",
     "ReplicaContext",
     "ReplicaReleasedError",
@@ -99,4 +102,5 @@ __all__ = [
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
+    "remote",
 ]

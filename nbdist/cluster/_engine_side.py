@@ -199,18 +199,10 @@ def release_peers(reason: str) -> dict[str, Any]:
     group = getattr(strategy, "_group", None)
     if group is None or _state.get("left"):
         return {"waiting": [], "left": False}
-    # DistGroup keeps no public view of the peers' progress; its heartbeats ("time count")
-    # and this rank's count are what its own failure diagnosis reads.
-    mine = group._entered
-    waiting = sorted(
-        rank
-        for rank, beat in group._read_heartbeats().items()
-        if beat is not None and int(beat.split()[1]) > mine
-    )
+    waiting = group.peers_waiting()
     if not waiting:
         return {"waiting": [], "left": False}
-    group.publish_failure(reason)
-    strategy.shutdown()
+    group.abort(reason)
     _state["left"] = reason
     return {"waiting": waiting, "left": True}
 

@@ -152,6 +152,22 @@ class DistGroup:
                 f"{self._prefix}/failed/{self.rank}", f"{self._entered} {message[:500]}"
             )
 
+    def peers_waiting(self) -> list[int]:
+        """Ranks that have entered more collectives than this one (they wait for it)."""
+        beats = self._read_heartbeats()
+        return sorted(
+            rank
+            for rank, beat in beats.items()
+            if beat is not None and int(beat.split()[1]) > self._entered
+        )
+
+    def abort(self, reason: str) -> None:
+        """Publish `reason` and leave the group, so peers blocked waiting for this rank fail
+        at once with an error naming it instead of waiting for the timeout."""
+        self.publish_failure(reason)
+        self._broken = reason
+        self.shutdown()
+
     def _diagnose(self, what: str, error: BaseException) -> Exception:
         """Name the ranks that did not take part in the failed collective `what`."""
         self._broken = f"{what} failed: {error}"
