@@ -16,7 +16,7 @@ Example:
     ['0', '1']
 """
 
-from nbdist.testing.leftovers import no_leftover_processes
+from nbdist.testing.leftovers import assert_processes_gone, no_leftover_processes
 from nbdist.testing.ports import LOCALHOST, free_port, free_ports, tf_config_env, torchrun_env
 from nbdist.testing.processes import WorkerResult, assert_all_ok, run_workers, worker_env
 from nbdist.testing.results import RESULT_ENV, report
@@ -26,6 +26,7 @@ __all__ = [
     "RESULT_ENV",
     "WorkerResult",
     "assert_all_ok",
+    "assert_processes_gone",
     "free_port",
     "free_ports",
     "no_leftover_processes",

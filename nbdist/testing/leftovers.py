@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["no_leftover_processes"]
+__all__ = ["assert_processes_gone", "no_leftover_processes"]
 
 _POLL_S = 0.05
 
@@ -70,3 +70,29 @@ def no_leftover_processes(grace: float = 5.0) -> Iterator[None]:
             "Kill and wait for every process you start (run_workers does), or give it longer "
             "with no_leftover_processes(grace=...)."
         )
+
+
+def assert_processes_gone(pids: tuple[int, ...], deadline_s: float = 15.0) -> None:
+    """Assert every pid has exited (zombies of other parents count as exited) within the deadline.
+
+    Example:
+        >>> assert_processes_gone(())
+    """
+    import contextlib
+
+    import psutil
+
+    processes = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            processes.append(psutil.Process(pid))
+
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    _, alive = psutil.wait_procs([p for p in processes if running(p)], timeout=deadline_s)
+    alive = [p for p in alive if running(p)]
+    assert not alive, f"processes left after stop(): {[(p.pid, p.cmdline()) for p in alive]}"

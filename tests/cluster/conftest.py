@@ -12,16 +12,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
 
-import psutil
 import pytest
 
 from nbdist.cluster import Cluster
-from nbdist.testing import no_leftover_processes
+from nbdist.testing import assert_processes_gone, no_leftover_processes
 
 STOP_DEADLINE_S = 15.0
 
@@ -47,29 +45,11 @@ def _no_leftover_processes():
         yield
 
 
-def assert_processes_gone(pids: tuple[int, ...], deadline_s: float = STOP_DEADLINE_S) -> None:
-    """Every pid exited (zombies of other parents count as exited) within the deadline."""
-    processes = []
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            processes.append(psutil.Process(pid))
-
-    def running(process: psutil.Process) -> bool:
-        try:
-            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    _, alive = psutil.wait_procs([p for p in processes if running(p)], timeout=deadline_s)
-    alive = [p for p in alive if running(p)]
-    assert not alive, f"processes left after stop(): {[(p.pid, p.cmdline()) for p in alive]}"
-
-
 def stop_and_check(cluster: Cluster) -> None:
     """Stop `cluster` and check that none of its processes is left."""
     pids = cluster.processes if cluster.running else ()
     cluster.stop()
-    assert_processes_gone(pids)
+    assert_processes_gone(pids, STOP_DEADLINE_S)
 
 
 @pytest.fixture(scope="module")

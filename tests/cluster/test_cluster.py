@@ -348,7 +348,7 @@ def test_round_trip_time(cluster):
 
 # -- a cluster of its own: stop, restart, release -------------------------------------------------
 def test_lifecycle(tmp_path, monkeypatch):
-    from conftest import assert_processes_gone
+    from nbdist.testing import assert_processes_gone
 
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
     begin = time.perf_counter()

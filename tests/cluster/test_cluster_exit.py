@@ -10,7 +10,8 @@ import sys
 
 import psutil
 import pytest
-from conftest import assert_processes_gone
+
+from nbdist.testing import assert_processes_gone
 
 pytestmark = pytest.mark.cluster
 
