@@ -1,0 +1,262 @@
+"""Running one notebook cell on the engines at once (`%%distribute`): both halves.
+
+`run_cell` runs on each engine: it executes the cell's Python code in the engine's interactive
+namespace (so names persist between cells, and `strategy`, `nd`, `torch` are there) and
+evaluates a final expression, IPython-style. It never raises: it replies with a dict as
+`nbdist.cluster._engine_side` does (`{"ok": True, "value": pickled}` or `_wire.failure`).
+
+`distribute_cell` is the notebook's half: it checks the cell's syntax here (one SyntaxError,
+not one per engine), sends it, prints the engines' output live, prefixed by replica id, and
+waits under the same supervision as `cluster.strategy.run` (an engine that failed while its
+peers are blocked in a collective releases them; Ctrl-C and timeouts interrupt the engines).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import itertools
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+from nbdist.cluster import _wire
+from nbdist.cluster.calls import _INTERRUPT_GRACE_S, _failure, _ok, _reply_of, _Supervisor
+from nbdist.cluster.errors import EngineTimeoutError, RemoteError, SerializationError
+from nbdist.errors import WorkerLostError
+from nbdist.values import PerReplica
+
+if TYPE_CHECKING:
+    from nbdist.cluster.engines import Cluster
+    from nbdist.cluster.status import EngineInfo
+
+__all__ = ["OUTPUT_MODES", "distribute_cell", "python_source", "run_cell"]
+
+OUTPUT_MODES = ("all", "first", "none")
+_POLL_S = 0.2
+_WHAT = "a %%distribute cell"
+_counter = itertools.count(1)
+
+
+# -- on the engines ----------------------------------------------------------------------------
+def run_cell(code: str, filename: str) -> dict[str, Any]:
+    """Execute `code` in the engine's namespace; reply with the last expression's value."""
+    import linecache
+
+    start = time.perf_counter()
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:
+            raise RuntimeError("%%distribute cells run on ipyparallel engines (IPython kernels).")
+        namespace = shell.user_ns
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        tree = ast.parse(code, filename)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and not _silenced(code):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, filename, "exec"), namespace)
+        value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
+    except BaseException as error:  # reported to the notebook, never raised here
+        return _wire.failure(error, "cell")
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    try:
+        data = _wire.dumps(_wire.portable(value))
+    except Exception as error:
+        reply = _wire.failure(error, "sending the result back")
+        reply.update(
+            ename="SerializationError",
+            evalue=(
+                f"The cell ran, but its last expression (a {type(value).__name__}) cannot be "
+                f"sent back: {type(error).__name__}: {error}. End the cell with tensors, "
+                "numbers or containers of them, or with a `;` to send nothing back."
+            ),
+            traceback="",
+        )
+        return reply
+    return {"ok": True, "value": data, "elapsed": time.perf_counter() - start}
+
+
+def _silenced(code: str) -> bool:
+    """IPython's rule: a cell ending in `;` displays nothing."""
+    lines = [line for line in code.rstrip().splitlines() if not line.lstrip().startswith("#")]
+    return bool(lines) and lines[-1].rstrip().endswith(";")
+
+
+# -- in the notebook ---------------------------------------------------------------------------
+def python_source(cell: str) -> str:
+    """The cell as plain Python (IPython syntax such as `%time` or `!ls` transformed)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(cell)
+
+
+class _Streams:
+    """Prints what each engine printed, line by line, prefixed by its replica id."""
+
+    def __init__(self, engines: Sequence[EngineInfo], parts: list[Any], mode: str):
+        self.engines = list(engines)
+        self.parts = parts
+        self.mode = mode
+        self.seen: dict[tuple[int, str], int] = {}
+        self.pending: dict[tuple[int, str], str] = {}
+
+    def poll(self, final: bool = False) -> None:
+        if self.mode == "none":
+            return
+        for index, (info, part) in enumerate(zip(self.engines, self.parts)):
+            if self.mode == "first" and index != 0:
+                continue
+            for name in ("stdout", "stderr"):
+                text = _stream_text(part, name)
+                key = (info.rank, name)
+                new = text[self.seen.get(key, 0) :]
+                self.seen[key] = len(text)
+                buffer = self.pending.get(key, "") + new
+                *lines, rest = buffer.split("\n")
+                if final and rest:
+                    lines.append(rest)
+                    rest = ""
+                self.pending[key] = rest
+                stream: TextIO = sys.stdout if name == "stdout" else sys.stderr
+                for line in lines:
+                    print(f"[{info.rank}] {line}", file=stream)
+                if lines:
+                    stream.flush()
+
+
+def _stream_text(part: Any, name: str) -> str:
+    try:
+        text = getattr(part, name)
+    except Exception:
+        return ""
+    if isinstance(text, list):
+        text = "".join(t or "" for t in text)
+    return text or ""
+
+
+def distribute_cell(
+    cluster: Cluster,
+    cell: str,
+    *,
+    targets: Sequence[int] | None = None,
+    output: str = "all",
+    timeout: float | None = None,
+) -> PerReplica | None:
+    """Run `cell` on the engines of replicas `targets` (default: all) at once.
+
+    Returns:
+        The last expression's values as a `PerReplica` (replica order of `targets`), or None
+        when the cell ends with a statement (or every engine's value is None).
+
+    Raises:
+        SyntaxError: the cell is not valid Python (checked here, before sending).
+        WorkerLostError: an engine is dead; `%dist restart` recovers.
+        RemoteError: one or more engines raised (one error for all of them).
+        EngineTimeoutError: not finished within `timeout` s (the engines were interrupted).
+        KeyboardInterrupt: Ctrl-C; the engines were interrupted and stay usable.
+    """
+    if output not in OUTPUT_MODES:
+        raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}.")
+    filename = f"<distribute-cell-{next(_counter)}>"
+    source = python_source(cell)
+    compile(source, filename, "exec")  # raised once, here, not by every engine
+    engines = list(cluster.engines)
+    if targets is not None:
+        by_rank = {info.rank: info for info in engines}
+        engines = [by_rank[rank] for rank in targets]
+    dead = [row.rank for row in cluster.status() if row.state == "dead"]
+    if dead:
+        raise WorkerLostError(
+            f"The engine(s) of replica(s) {dead} are dead (their process exited), so the cell "
+            "was not run. Run `%dist restart` to start fresh engines (engine state is lost), "
+            "then run the cell again.",
+            missing=tuple(dead),
+        )
+    if cluster.broken:
+        print(
+            f"Warning: the engines' process group is unusable ({cluster.broken}); collectives "
+            "in this cell will fail. Run `%dist restart` to recover.",
+            file=sys.stderr,
+        )
+    client = cluster.client
+    ids = [info.id for info in engines]
+    result = client.direct_view(ids).apply_async(run_cell, source, filename)
+    parts = list(result.split()) if len(ids) > 1 else [result]
+    for info, part in zip(engines, parts):
+        cluster._track(info.id, part)
+    supervisor = _Supervisor(cluster, engines, parts, _WHAT)
+    streams = _Streams(engines, parts, output)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            step = _POLL_S
+            if deadline is not None:
+                step = min(step, max(0.0, deadline - time.monotonic()))
+            if supervisor.wait(step):
+                break
+            streams.poll()
+            if deadline is not None and time.monotonic() >= deadline:
+                pending = supervisor.interrupt()
+                supervisor.wait(_INTERRUPT_GRACE_S)
+                _finish_output(parts, streams)
+                still = [info.rank for info, part in zip(engines, parts) if not part.ready()]
+                detail = (
+                    f" Replica(s) {still} are still busy (blocked outside Python, e.g. in a "
+                    "collective whose peer is gone); run `%dist restart`."
+                    if still
+                    else " They are usable again."
+                )
+                raise EngineTimeoutError(
+                    f"The cell did not finish within {timeout:g} s on replica(s) {pending}; "
+                    f"they were interrupted.{detail} Raise --timeout for longer work.",
+                    pending=tuple(pending),
+                )
+    except KeyboardInterrupt:
+        supervisor.interrupt()
+        supervisor.wait(_INTERRUPT_GRACE_S)  # a second Ctrl-C stops waiting at once
+        _finish_output(parts, streams)
+        raise
+    _finish_output(parts, streams)
+    replies = [_reply_of(part) for part in parts]
+    failures = [_failure(info, reply) for info, reply in zip(engines, replies) if not _ok(reply)]
+    died = [f.replica for f in failures if f.ename == "EngineError"]
+    if died:
+        cluster._mark_broken(f"the engine(s) of replica(s) {died} died during {_WHAT}")
+    if failures:
+        notes = []
+        if died:
+            notes.append(f"Replica(s) {died} died: run `%dist restart` (engine state is lost).")
+        if supervisor.released:
+            notes.append(
+                f"Replica(s) {supervisor.released} left the process group to release peers "
+                "blocked in a collective; the group is unusable now. Run `%dist restart` "
+                "before running collectives again."
+            )
+        raise RemoteError(_WHAT, failures, len(engines), notes)
+    values = []
+    for info, reply in zip(engines, replies):
+        try:
+            values.append(_wire.loads(reply["value"]))
+        except Exception as error:
+            raise SerializationError(
+                f"The value of replica {info.rank}'s last expression cannot be unpickled in the "
+                f"notebook: {type(error).__name__}: {error}. End the cell with tensors, numbers "
+                "or containers of them."
+            ) from error
+    if all(value is None for value in values):
+        return None
+    return PerReplica(values)
+
+
+def _finish_output(parts: list[Any], streams: _Streams) -> None:
+    for part in parts:
+        if part.ready():
+            with contextlib.suppress(Exception):
+                part.wait_for_output(1.0)
+    streams.poll(final=True)

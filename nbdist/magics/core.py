@@ -1,0 +1,283 @@
+"""`%dist` and `%%distribute`: the notebook's magics over an `nbdist.cluster.Cluster`.
+
+`%load_ext nbdist` registers `DistMagics` on the shell. `%dist start` creates and starts a
+cluster and keeps it on the magics object (`current_cluster()` returns it, and it is `cluster`
+in the notebook's namespace unless that name is taken); `%%distribute` runs a cell on its
+engines (`_cell.distribute_cell`); `%dist auto on` makes every following cell a
+`%%distribute` cell (a cleanup input transformer prepends the magic; cells that start with `%`
+still run here, so `%dist auto off` works).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import weakref
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from nbdist.cluster import Cluster
+from nbdist.magics._cell import OUTPUT_MODES, distribute_cell
+
+__all__ = ["DistMagics", "current_cluster"]
+
+LAUNCHERS = ("local", "ssh", "mpi", "slurm")
+BACKENDS = ("auto", "gloo", "nccl")
+STRATEGIES = ("mirrored", "multi_worker", "parameter_server")
+_NAMESPACE_NAME = "cluster"
+_instances: weakref.WeakSet[DistMagics] = weakref.WeakSet()
+
+
+def current_cluster() -> Cluster | None:
+    """The cluster started with `%dist start` (None when none is running)."""
+    for magics in list(_instances):
+        if magics.cluster is not None:
+            return magics.cluster
+    return None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises `UsageError` (IPython prints it without a traceback)."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        if message:
+            raise UsageError(message)
+        raise UsageError(self.format_help())
+
+
+def _start_parser() -> _Parser:
+    parser = _Parser(prog="%dist start", add_help=False)
+    parser.add_argument("-n", type=int, default=None, help="number of engines")
+    parser.add_argument("--gpus", default=None, help="all, none, or GPU indices such as 0,1")
+    parser.add_argument("--hosts", default=None, help="h1:2,h2:2")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="local")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="mirrored")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to start")
+    return parser
+
+
+def _distribute_parser() -> _Parser:
+    parser = _Parser(prog="%%distribute", add_help=False)
+    parser.add_argument("--targets", default=None, help="replica ids, e.g. 0,2")
+    parser.add_argument("--output", choices=OUTPUT_MODES, default="all")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds")
+    return parser
+
+
+_DIST_USAGE = (
+    "%dist start [-n N] [--gpus all|0,1] [--hosts h1:2,h2:2] [--launcher local|ssh|mpi|slurm] "
+    "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server]\n"
+    "%dist status | stop | restart | auto on|off | dashboard"
+)
+
+
+@magics_class
+class DistMagics(Magics):
+    """`%dist` (cluster lifecycle) and `%%distribute` (run a cell on every engine)."""
+
+    def __init__(self, shell: Any = None):
+        super().__init__(shell)
+        self.cluster: Cluster | None = None
+        self.auto = False
+        self.last_result: Any = None
+        _instances.add(self)
+
+    # -- %dist --------------------------------------------------------------------------
+    @line_magic
+    def dist(self, line: str = "") -> None:
+        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard."""
+        words = _split(line, "%dist")
+        if not words:
+            raise UsageError(f"%dist needs a command:\n{_DIST_USAGE}")
+        command, rest = words[0], words[1:]
+        handler = {
+            "start": self._start,
+            "status": self._status,
+            "stop": self._stop,
+            "restart": self._restart,
+            "auto": self._auto,
+            "dashboard": self._dashboard,
+        }.get(command)
+        if handler is None:
+            raise UsageError(f"%dist: unknown command {command!r}. Use:\n{_DIST_USAGE}")
+        handler(rest)
+
+    def _start(self, words: list[str]) -> None:
+        args = _start_parser().parse_args(words)
+        if args.n is not None and args.n < 1:
+            raise UsageError(
+                f"%dist start: -n {args.n} asks for no engines; pass at least 1, e.g. "
+                "`%dist start -n 2`."
+            )
+        try:
+            cluster = Cluster(
+                n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,
+                backend=args.backend, strategy=args.strategy, timeout=args.timeout,
+            )  # fmt: skip
+        except (ValueError, TypeError, NotImplementedError) as error:
+            raise UsageError(f"%dist start: {error}") from None
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                f"%dist start: a cluster is already running ({self.cluster!r}). Use "
+                "`%dist restart` for fresh engines, or `%dist stop` before starting another."
+            )
+        print(f"Starting {cluster.num_engines} engine(s)…", flush=True)
+        cluster.start()
+        self.cluster = cluster
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        published = ""
+        if isinstance(namespace.get(_NAMESPACE_NAME, cluster), Cluster):
+            namespace[_NAMESPACE_NAME] = cluster
+            published = f"; `{_NAMESPACE_NAME}` in this notebook"
+        print(f"Started in {cluster.start_seconds:.1f} s{published}.")
+        self._print_status()
+
+    def _status(self, words: list[str]) -> None:
+        _no_arguments("status", words)
+        if self.cluster is None:
+            print("No cluster: start one with `%dist start -n 2`.")
+            return
+        self._print_status()
+
+    def _stop(self, words: list[str]) -> None:
+        _no_arguments("stop", words)
+        if self.cluster is None:
+            print("No cluster is running (nothing to stop).")
+            return
+        cluster, self.cluster = self.cluster, None
+        cluster.stop()
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        if namespace.get(_NAMESPACE_NAME) is cluster:
+            del namespace[_NAMESPACE_NAME]
+        print("Cluster stopped: no engine is left.")
+
+    def _restart(self, words: list[str]) -> None:
+        _no_arguments("restart", words)
+        if self.cluster is None:
+            raise UsageError("%dist restart: no cluster to restart. Start one: `%dist start`.")
+        print(f"Restarting {self.cluster.num_engines} engine(s) (engine state is lost)…")
+        self.cluster.restart()
+        print(f"Restarted in {self.cluster.start_seconds:.1f} s.")
+        self._print_status()
+
+    def _auto(self, words: list[str]) -> None:
+        if len(words) != 1 or words[0] not in ("on", "off"):
+            raise UsageError("%dist auto takes `on` or `off`, e.g. `%dist auto on`.")
+        on = words[0] == "on"
+        cleanup = self.shell.input_transformers_cleanup
+        if on and _auto_transform not in cleanup:
+            cleanup.append(_auto_transform)
+        elif not on and _auto_transform in cleanup:
+            cleanup.remove(_auto_transform)
+        self.auto = on
+        if on:
+            print(
+                "Every following cell runs on the engines (as %%distribute); cells starting "
+                "with % run here. `%dist auto off` to stop."
+            )
+        else:
+            print("Cells run in this notebook again.")
+
+    def _dashboard(self, words: list[str]) -> None:
+        print("dashboards come with a later issue")
+
+    def _print_status(self) -> None:
+        cluster = self.cluster
+        if cluster is None:
+            return
+        plan = cluster.plan
+        kind = f"GPU {', '.join(plan.gpus)}" if plan.gpus else "CPU"
+        state = "running" if cluster.running else "stopped"
+        header = f"nbdist cluster: {plan.n} {kind} engine(s), backend {plan.backend}, {state}"
+        if cluster.broken:
+            header += f"\nprocess group unusable ({cluster.broken}): run `%dist restart`"
+        table = cluster.status()
+        dead = [row.rank for row in table if row.state == "dead"]
+        print(header)
+        if table:
+            print(table)
+        if dead:
+            print(f"Replica(s) {dead} are dead: run `%dist restart` (engine state is lost).")
+
+    # -- %%distribute -------------------------------------------------------------------
+    @cell_magic
+    def distribute(self, line: str, cell: str) -> Any:
+        """Run the cell on every engine; its last expression comes back as a PerReplica."""
+        args = _distribute_parser().parse_args(_split(line, "%%distribute"))
+        cluster = self.cluster
+        if cluster is None or not cluster.running:
+            raise UsageError(
+                "%%distribute needs running engines: run `%dist start` (e.g. `%dist start -n 2`) "
+                "first."
+            )
+        targets = None
+        if args.targets is not None:
+            targets = _targets(args.targets, cluster.num_engines)
+        if args.timeout is not None and not args.timeout > 0:
+            raise UsageError(f"%%distribute: --timeout must be positive, got {args.timeout:g}.")
+        value = distribute_cell(
+            cluster, cell, targets=targets, output=args.output, timeout=args.timeout
+        )
+        self.last_result = value
+        return None if args.output == "none" else value
+
+
+def _auto_transform(lines: list[str]) -> list[str]:
+    """Input transformer of `%dist auto on`: make the cell a `%%distribute` cell."""
+    first = next((line for line in lines if line.strip()), None)
+    if first is None or first.lstrip().startswith(("%", "!")):
+        return lines
+    return ["%%distribute\n", *lines]
+
+
+def _split(line: str, prog: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as error:
+        raise UsageError(f"{prog}: cannot parse {line!r}: {error}") from None
+
+
+def _no_arguments(command: str, words: list[str]) -> None:
+    if words:
+        raise UsageError(f"%dist {command} takes no arguments, got {' '.join(words)!r}.")
+
+
+def _targets(text: str, n: int) -> list[int]:
+    try:
+        targets = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        targets = []
+    if not targets or len(set(targets)) != len(targets) or not all(0 <= t < n for t in targets):
+        raise UsageError(
+            f"%%distribute: --targets {text!r} must list distinct replica ids between 0 and "
+            f"{n - 1}, e.g. --targets 0,1."
+        )
+    return targets
+
+
+def load(shell: Any) -> DistMagics:
+    """Register the magics on `shell` (once); return them."""
+    for magics in list(_instances):
+        if magics.shell is shell:
+            return magics
+    magics = DistMagics(shell)
+    shell.register_magics(magics)
+    return magics
+
+
+def unload(shell: Any) -> None:
+    """Stop the cluster started from `shell` and turn `%dist auto` off."""
+    for magics in list(_instances):
+        if magics.shell is shell:
+            if _auto_transform in shell.input_transformers_cleanup:
+                shell.input_transformers_cleanup.remove(_auto_transform)
+            if magics.cluster is not None:
+                magics.cluster.stop()
+                magics.cluster = None
+            _instances.discard(magics)

@@ -1,0 +1,80 @@
+"""Fixtures for the Jupyter front end: an in-process IPython shell with `%load_ext nbdist`.
+
+- `dist_shell`: one IPython shell per test module with nbdist's magics loaded and 2 CPU
+  engines started by `%dist start -n 2`; its finalizer runs `%dist stop` and checks that no
+  process of the cluster is left. The modules' tests share it (start ≈ 5-8 s).
+- Under pytest-xdist the tests of each module in tests/jupyter (and tests/cluster) run on one
+  worker (`pytest_xdist_make_scheduler` below, active when this folder is on the command line).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+import nbdist
+from nbdist.testing import assert_processes_gone
+
+EXTENSION = "nbdist" if hasattr(nbdist, "load_ipython_extension") else "nbdist._extension"
+"""`%load_ext nbdist` once `nbdist` re-exports the hooks of `nbdist._extension`."""
+
+_GROUPED = ("tests/jupyter/", "tests/cluster/")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Keep each module of tests/jupyter and tests/cluster on one xdist worker."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            normalized = path.replace(os.sep, "/")
+            return path if any(part in normalized for part in _GROUPED) else nodeid
+
+    return EngineModulesTogether(config, log)
+
+
+@pytest.fixture
+def extension() -> str:
+    """The name `%load_ext` takes (`EXTENSION`)."""
+    return EXTENSION
+
+
+@pytest.fixture
+def processes_gone():
+    """`assert_processes_gone(pids)`, for tests."""
+    return assert_processes_gone
+
+
+@pytest.fixture(scope="module")
+def ipython(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The in-process IPython shell with nbdist's magics, in a module-private IPYTHONDIR."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("load_ext", EXTENSION)
+        yield shell
+        shell.run_line_magic("unload_ext", EXTENSION)
+
+
+@pytest.fixture(scope="module")
+def dist_shell(ipython) -> Iterator[object]:
+    """`ipython` after `%dist start -n 2`; stopped (and checked) at the module's end."""
+    from nbdist.magics import current_cluster
+
+    try:
+        ipython.run_line_magic("dist", "start -n 2 --timeout 90")
+        yield ipython
+    finally:
+        cluster = current_cluster()
+        pids = cluster.processes if cluster is not None and cluster.running else ()
+        ipython.run_line_magic("dist", "stop")
+        assert current_cluster() is None
+        assert_processes_gone(pids)

@@ -1,0 +1,299 @@
+"""`%dist` and `%%distribute` in a real (in-process) IPython shell, on 2 real CPU engines.
+
+One cluster serves the module (`dist_shell`). The last test kills an engine, which breaks the
+cluster, and recovers with `%dist restart`, so the file starts engines twice.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import re
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+import nbdist as nd
+from nbdist.cluster import RemoteError
+from nbdist.errors import WorkerLostError
+from nbdist.magics import DistMagics, current_cluster
+
+pytestmark = pytest.mark.cluster
+
+WAIT_S = 30.0
+
+
+def distribute(shell, cell: str, line: str = ""):
+    return shell.run_cell_magic("distribute", line, cell)
+
+
+def wait_until(predicate, timeout: float = WAIT_S, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# -- before a cluster exists ------------------------------------------------------------------
+def test_distribute_before_start_names_the_fix(ipython):
+    magics = DistMagics(ipython)  # not started: no cluster
+    with pytest.raises(UsageError, match=r"%dist start"):
+        magics.distribute("", "1 + 1")
+
+
+def test_status_and_stop_without_cluster(ipython, capsys):
+    magics = DistMagics(ipython)
+    magics.dist("status")
+    magics.dist("stop")
+    out = capsys.readouterr().out
+    assert "No cluster" in out and "nothing to stop" in out
+    with pytest.raises(UsageError, match=r"no cluster to restart"):
+        magics.dist("restart")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("start -n 0", r"at least 1.*%dist start -n 2"),
+        ("start --launcher foo", r"--launcher: invalid choice: 'foo'"),
+        ("start --backend foo", r"--backend: invalid choice: 'foo'"),
+        ("start --strategy foo", r"--strategy: invalid choice"),
+        ("start -n two", r"argument -n: invalid int value"),
+        ("start --launcher ssh --hosts h1:2", r"%dist start: .*ssh"),
+        ("frobnicate", r"unknown command 'frobnicate'"),
+        ("", r"needs a command"),
+        ("auto maybe", r"`on` or `off`"),
+        ("status now", r"takes no arguments"),
+    ],
+)
+def test_bad_dist_lines_raise_usage_errors(ipython, line, message):
+    magics = DistMagics(ipython)
+    with pytest.raises(UsageError, match=message):
+        magics.dist(line)
+    assert magics.cluster is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_gpus_all_without_gpu_names_the_fix(ipython):
+    with pytest.raises(UsageError, match=r"no CUDA GPU is visible.*CPU engines"):
+        DistMagics(ipython).dist("start --gpus all")
+
+
+def test_bad_input_is_reported_in_the_shell_and_the_kernel_goes_on(ipython, capsys):
+    result = ipython.run_cell("%dist start -n 0")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert ipython.run_cell("40 + 2").result == 42
+
+
+# -- on the module's cluster ------------------------------------------------------------------
+def test_start_printed_a_status_table_and_status_shows_alive(dist_shell, capsys):
+    dist_shell.run_line_magic("dist", "status")
+    out = capsys.readouterr().out
+    assert "replica  engine" in out
+    assert out.count("alive") == 2
+    assert isinstance(dist_shell.user_ns["cluster"], nd.cluster.Cluster)
+
+
+def test_start_twice_names_the_fix(dist_shell):
+    cluster = current_cluster()
+    with pytest.raises(UsageError, match=r"already running.*%dist restart.*%dist stop"):
+        dist_shell.run_line_magic("dist", "start -n 2")
+    assert current_cluster() is cluster and cluster.running
+
+
+def test_state_persists_and_last_expression_is_per_replica(dist_shell, capsys):
+    assert distribute(dist_shell, "import os\nbase = 10 * (1 + int(os.environ['RANK']))") is None
+    value = distribute(dist_shell, "shift = 1\nbase + shift")
+    assert isinstance(value, nd.PerReplica)
+    assert value.values == (11, 21)
+    assert distribute(dist_shell, "base;") is None  # a trailing `;` shows nothing
+
+
+def test_output_is_prefixed_by_replica(dist_shell, capsys):
+    distribute(dist_shell, "import os\nprint('hello from', os.environ['RANK'])\nprint('two')")
+    out = capsys.readouterr().out.splitlines()
+    assert "[0] hello from 0" in out and "[1] hello from 1" in out
+    assert "[0] two" in out and "[1] two" in out
+    distribute(dist_shell, "import sys\nprint('oops', file=sys.stderr)")
+    assert capsys.readouterr().err.splitlines().count("[1] oops") == 1
+
+
+def test_output_first_and_none(dist_shell, capsys):
+    value = distribute(dist_shell, "print('rank', os.environ['RANK'])\n7", line="--output first")
+    out = capsys.readouterr().out
+    assert "[0] rank 0" in out and "[1]" not in out
+    assert value.values == (7, 7)
+    assert distribute(dist_shell, "print('quiet')\n8", line="--output none") is None
+    assert "quiet" not in capsys.readouterr().out
+    assert current_cluster() is not None
+
+
+def test_targets(dist_shell):
+    value = distribute(dist_shell, "int(os.environ['RANK'])", line="--targets 1")
+    assert value.values == (1,)
+    with pytest.raises(UsageError, match=r"--targets"):
+        distribute(dist_shell, "1", line="--targets 0,5")
+
+
+def test_training_loop_with_strategy_run_and_reduce(dist_shell, capsys):
+    cell = """
+torch.manual_seed(0)
+with strategy.scope():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+def step(x, y):
+    loss = ((model(x) - y) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    ctx = nd.get_replica_context()
+    for p in model.parameters():
+        p.grad = ctx.all_reduce("mean", p.grad)
+    optimizer.step()
+    return loss.detach()
+
+rank = int(os.environ['RANK'])
+g = torch.Generator().manual_seed(rank)
+for i in range(3):
+    x = torch.randn(8, 4, generator=g)
+    losses = strategy.run(step, args=(x, x.sum(1, keepdim=True)))
+    total = strategy.reduce("mean", losses, axis=None)
+    print(f"step {i} loss {total.item():.4f}")
+model.weight.detach().clone()
+"""
+    weights = distribute(dist_shell, cell)
+    assert isinstance(weights, nd.PerReplica)
+    torch.testing.assert_close(weights.values[0], weights.values[1])  # replicas stay in sync
+    out = capsys.readouterr().out
+    assert "[0] step 2 loss" in out and "[1] step 2 loss" in out
+
+
+def test_error_on_one_replica_raises_one_remote_error_and_the_next_cell_works(dist_shell):
+    cell = "if os.environ['RANK'] == '1':\n    raise ValueError('bad value on one')\n'ok'"
+    with pytest.raises(RemoteError) as info:
+        distribute(dist_shell, cell)
+    error = info.value
+    assert error.replicas == (1,)
+    assert "ValueError: bad value on one" in str(error)
+    assert "line 2" in error.traceback and "raise ValueError" in error.traceback
+    assert distribute(dist_shell, "base").values == (10, 20)
+
+
+def test_error_in_the_shell_shows_once(dist_shell):
+    result = dist_shell.run_cell("%%distribute\n1 / 0")
+    assert isinstance(result.error_in_exec, RemoteError)
+    assert result.error_in_exec.replicas == (0, 1)
+    assert "ZeroDivisionError" in result.error_in_exec.traceback
+
+
+def test_syntax_error_reported_once_here(dist_shell, capsys):
+    result = dist_shell.run_cell("%%distribute\nx = (1,\nprint('never')")
+    assert isinstance(result.error_in_exec, SyntaxError)
+    captured = capsys.readouterr()
+    assert "[0]" not in captured.out + captured.err
+    text = re.sub(r"\x1b\[[0-9;]*m", "", captured.out + captured.err)
+    assert text.count("SyntaxError: '(' was never closed") == 1, text
+
+
+def test_auto_mode_runs_plain_cells_on_the_engines(dist_shell, capsys):
+    dist_shell.run_line_magic("dist", "auto on")
+    try:
+        result = dist_shell.run_cell("auto_value = base + 1\nauto_value")
+        assert result.error_in_exec is None
+        assert result.result.values == (11, 21)
+        assert "auto_value" not in dist_shell.user_ns
+        result = dist_shell.run_cell("%dist status")  # magic cells still run here
+        assert result.error_in_exec is None
+    finally:
+        result = dist_shell.run_cell("%dist auto off")
+    assert result.error_in_exec is None
+    assert dist_shell.run_cell("local_value = 5\nlocal_value").result == 5
+    assert distribute(dist_shell, "auto_value").values == (11, 21)
+
+
+def test_remote_missing_name_is_a_clear_error(dist_shell):
+    result = dist_shell.run_cell(
+        "from nbdist.cluster import remote\n"
+        "def ident(value):\n"
+        "    return value\n"
+        "cluster.strategy.run(ident, args=(remote('missing'),))"
+    )
+    error = result.error_in_exec
+    assert isinstance(error, RemoteError)
+    assert "no variable 'missing'" in str(error) and "%%distribute" in str(error)
+    assert distribute(dist_shell, "base").values == (10, 20)
+
+
+def test_keyboard_interrupt_interrupts_the_engines_and_leaves_them_usable(dist_shell, tmp_path):
+    marker = tmp_path / "started"
+    cell = (
+        "import pathlib, time\n"
+        f"pathlib.Path({str(marker)!r} + os.environ['RANK']).touch()\n"
+        "time.sleep(120)\n"
+    )
+    started = [tmp_path / "started0", tmp_path / "started1"]
+    interrupted = threading.Event()
+
+    def interrupt_when_both_sleep() -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not all(path.exists() for path in started):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        interrupted.set()
+        _thread.interrupt_main()
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # xdist may ignore it
+    thread = threading.Thread(target=interrupt_when_both_sleep, daemon=True)
+    try:
+        thread.start()
+        begin = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            distribute(dist_shell, cell, line="--timeout 90")
+        thread.join(WAIT_S)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert interrupted.is_set()
+    assert time.monotonic() - begin < 60
+    assert distribute(dist_shell, "base").values == (10, 20)
+
+
+def test_timeout_interrupts_the_engines(dist_shell):
+    with pytest.raises(TimeoutError, match=r"did not finish within 1 s.*--timeout"):
+        distribute(dist_shell, "import time\ntime.sleep(60)", line="--timeout 1")
+    assert distribute(dist_shell, "base").values == (10, 20)
+
+
+def test_dashboard_placeholder(dist_shell, capsys):
+    dist_shell.run_line_magic("dist", "dashboard")
+    assert "dashboards come with a later issue" in capsys.readouterr().out
+
+
+def test_killed_engine_is_shown_named_and_restart_recovers(dist_shell, capsys):
+    """Last test of the module: it breaks the cluster, then restarts it."""
+    cluster = current_cluster()
+    victim = cluster.engines[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    wait_until(lambda: not psutil.pid_exists(victim.pid) or _zombie(victim.pid), what="kill")
+    wait_until(lambda: not cluster.status().alive, what="status to show the dead engine")
+    capsys.readouterr()
+    dist_shell.run_line_magic("dist", "status")
+    out = capsys.readouterr().out
+    assert "dead" in out and "%dist restart" in out
+    with pytest.raises(WorkerLostError, match=r"replica\(s\) \[1\].*%dist restart"):
+        distribute(dist_shell, "1")
+    dist_shell.run_line_magic("dist", "restart")
+    assert current_cluster() is cluster and cluster.status().alive
+    assert distribute(dist_shell, "import os\nint(os.environ['RANK'])\n").values == (0, 1)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
