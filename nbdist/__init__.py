@@ -5,6 +5,7 @@ The whole public API is listed here.
 """
 
 from nbdist import cluster_resolver, experimental
+from nbdist._extension import load_ipython_extension, unload_ipython_extension
 from nbdist.cluster import Cluster, RemoteError, remote
 from nbdist.cluster_resolver import ClusterSpec
 from nbdist.cross_device_ops import (
@@ -102,5 +103,7 @@ __all__ = [
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
+    "load_ipython_extension",
     "remote",
+    "unload_ipython_extension",
 ]
