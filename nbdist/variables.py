@@ -29,6 +29,8 @@ __all__ = [
     "VariableAggregation",
     "VariableSynchronization",
     "colocated_with",
+    "create_distributed_variable",
+    "single_variable",
 ]
 
 
@@ -527,3 +529,73 @@ class SyncOnReadVariable(DistributedVariable):
             return replica.all_gather(self._read().unsqueeze(0), axis=0)[0]
         op = "SUM" if self._aggregation is VariableAggregation.SUM else "MEAN"
         return replica.all_reduce(op, self._read())
+
+
+def single_variable(
+    initial_value: Any,
+    trainable: bool | None,
+    synchronization: VariableSynchronization,
+    aggregation: VariableAggregation,
+    name: str,
+    dtype: torch.dtype | None,
+    device: str,
+) -> Variable:
+    """A plain single-device `Variable`, bypassing the strategy's variable creator."""
+    variable = Variable.__new__(Variable)
+    variable.__init__(
+        initial_value, trainable=trainable, synchronization=synchronization,
+        aggregation=aggregation, name=name, dtype=dtype, device=device,
+    )  # fmt: skip
+    return variable
+
+
+def create_distributed_variable(
+    strategy: Any,
+    devices_for: Callable[[bool], tuple[str, ...]],
+    initial_value: Any,
+    trainable: bool | None = None,
+    synchronization: Any = VariableSynchronization.AUTO,
+    aggregation: Any = VariableAggregation.NONE,
+    name: str | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    broadcast: Callable[[list[torch.Tensor]], None] | None = None,
+) -> DistributedVariable:
+    """Build a `MirroredVariable` or `SyncOnReadVariable` for a multi-replica strategy.
+
+    `devices_for(on_read)` gives the component devices; `broadcast`, when given, makes the
+    mirrored components equal to the first worker's (multi-worker strategies).
+
+    Raises:
+        ValueError: `synchronization=NONE`, which a multi-replica strategy cannot keep in sync.
+    """
+    sync = _enum(VariableSynchronization, synchronization, "synchronization")
+    agg = _enum(VariableAggregation, aggregation, "aggregation")
+    name = name or "Variable"
+    if sync is VariableSynchronization.NONE:
+        raise ValueError(
+            f"Variable {name!r} was created with synchronization=NONE inside the scope of "
+            f"{type(strategy).__name__}, which keeps a copy per replica and must keep them in "
+            "sync. Use AUTO, ON_WRITE or ON_READ, or create the variable outside the scope."
+        )
+    if callable(initial_value):
+        initial_value = initial_value()
+    on_read = sync is VariableSynchronization.ON_READ
+    devices = colocation_devices() or devices_for(on_read)
+    trainable = (not on_read) if trainable is None else bool(trainable)
+    components = [
+        single_variable(
+            initial_value, trainable, sync, agg, name if k == 0 else f"{name}/replica_{k}",
+            dtype, device,
+        )
+        for k, device in enumerate(devices)
+    ]  # fmt: skip
+    if broadcast is not None and not on_read:
+        broadcast([component._tensor for component in components])
+    kind = SyncOnReadVariable if on_read else MirroredVariable
+    return kind(
+        strategy, components, tuple(devices), name=name, trainable=trainable,
+        synchronization=VariableSynchronization.ON_READ if on_read
+        else VariableSynchronization.ON_WRITE,
+        aggregation=agg,
+    )  # fmt: skip

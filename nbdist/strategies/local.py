@@ -29,12 +29,13 @@ from nbdist.strategies._replicas import ReplicaParameters
 from nbdist.strategies.base import ReplicaContext, Strategy
 from nbdist.values import regroup, select_replica
 from nbdist.variables import (
-    MirroredVariable,
-    SyncOnReadVariable,
     Variable,
     VariableAggregation,
     VariableSynchronization,
+    _enum,
     colocation_devices,
+    create_distributed_variable,
+    single_variable,
 )
 
 __all__ = ["LocalStrategy"]
@@ -332,59 +333,24 @@ class LocalStrategy(Strategy):
         dtype: torch.dtype | None = None,
         **unused: Any,
     ) -> Variable:
-        sync = _variable_enum(VariableSynchronization, synchronization)
-        agg = _variable_enum(VariableAggregation, aggregation)
-        name = name or "Variable"
         if not self._is_multi_replica:
-            return _single_variable(
-                initial_value, trainable, sync, agg, name, dtype,
-                colocation_devices() or self._parameter_devices,
+            return single_variable(
+                initial_value, trainable,
+                _enum(VariableSynchronization, synchronization, "synchronization"),
+                _enum(VariableAggregation, aggregation, "aggregation"), name or "Variable",
+                dtype, (colocation_devices() or self._parameter_devices)[0],
             )  # fmt: skip
-        if sync is VariableSynchronization.NONE:
-            raise ValueError(
-                f"Variable {name!r} was created with synchronization=NONE inside the scope of "
-                f"{type(self).__name__}, which keeps a copy per replica and must keep them in "
-                "sync. Use AUTO, ON_WRITE or ON_READ, or create the variable outside the scope."
-            )
         if context.current_replica_context() is not None:
             raise RuntimeError(
-                f"Variable {name!r} was created inside strategy.run. Create variables (and "
-                "modules) in strategy.scope(), outside run, so every replica shares them."
+                f"Variable {name or 'Variable'!r} was created inside strategy.run. Create "
+                "variables (and modules) in strategy.scope(), outside run, so every replica "
+                "shares them."
             )
-        if callable(initial_value):
-            initial_value = initial_value()
-        on_read = sync is VariableSynchronization.ON_READ
-        devices = colocation_devices() or (self._devices if on_read else self._parameter_devices)
-        trainable = (not on_read) if trainable is None else bool(trainable)
-        components = [
-            _single_variable(
-                initial_value, trainable, sync, agg,
-                name if k == 0 else f"{name}/replica_{k}", dtype, (device,),
-            )
-            for k, device in enumerate(devices)
-        ]  # fmt: skip
-        kind = SyncOnReadVariable if on_read else MirroredVariable
-        return kind(
-            self, components, tuple(devices), name=name, trainable=trainable,
-            synchronization=VariableSynchronization.ON_READ if on_read
-            else VariableSynchronization.ON_WRITE,
-            aggregation=agg,
+        return create_distributed_variable(
+            self,
+            lambda on_read: self._devices if on_read else self._parameter_devices,
+            initial_value, trainable, synchronization, aggregation, name, dtype,
         )  # fmt: skip
-
-
-def _variable_enum(cls: Any, value: Any) -> Any:
-    from nbdist.variables import _enum
-
-    return _enum(cls, value, cls.__name__)
-
-
-def _single_variable(initial_value, trainable, sync, agg, name, dtype, devices) -> Variable:
-    variable = Variable.__new__(Variable)
-    variable.__init__(
-        initial_value, trainable=trainable, synchronization=sync, aggregation=agg, name=name,
-        dtype=dtype, device=devices[0],
-    )  # fmt: skip
-    return variable
 
 
 def _check_alike(what: str, payloads: list[list[torch.Tensor]], except_axis: int | None = None):

@@ -31,12 +31,10 @@ from nbdist.strategies._grad_buckets import GradientBuckets
 from nbdist.strategies.base import ReplicaContext, Strategy
 from nbdist.values import DistributedValues
 from nbdist.variables import (
-    MirroredVariable,
-    SyncOnReadVariable,
     Variable,
     VariableAggregation,
     VariableSynchronization,
-    colocation_devices,
+    create_distributed_variable,
 )
 
 __all__ = ["MultiWorkerMirroredStrategy", "WorkerTopology", "worker_topology"]
@@ -326,31 +324,10 @@ class MultiWorkerMirroredStrategy(Strategy):
         dtype: torch.dtype | None = None,
         **unused: Any,
     ) -> Variable:
-        from nbdist.strategies.local import _single_variable, _variable_enum
-
-        sync = _variable_enum(VariableSynchronization, synchronization)
-        agg = _variable_enum(VariableAggregation, aggregation)
-        name = name or "Variable"
-        if sync is VariableSynchronization.NONE:
-            raise ValueError(
-                f"Variable {name!r} was created with synchronization=NONE inside the scope of "
-                "MultiWorkerMirroredStrategy, which keeps a copy per worker in sync. Use AUTO, "
-                "ON_WRITE or ON_READ, or create the variable outside the scope."
-            )
-        if callable(initial_value):
-            initial_value = initial_value()
-        on_read = sync is VariableSynchronization.ON_READ
-        device = (colocation_devices() or self._devices)[0]
-        trainable = (not on_read) if trainable is None else bool(trainable)
-        component = _single_variable(initial_value, trainable, sync, agg, name, dtype, (device,))
-        if self._group is not None and not on_read:
-            self._group.broadcast_([component._tensor], src=0)
-        kind = SyncOnReadVariable if on_read else MirroredVariable
-        return kind(
-            self, [component], (device,), name=name, trainable=trainable,
-            synchronization=VariableSynchronization.ON_READ if on_read
-            else VariableSynchronization.ON_WRITE,
-            aggregation=agg,
+        broadcast = self._group.broadcast_ if self._group is not None else None
+        return create_distributed_variable(
+            self, lambda on_read: self._devices, initial_value, trainable, synchronization,
+            aggregation, name, dtype, broadcast=broadcast,
         )  # fmt: skip
 
     # -- checks ---------------------------------------------------------------------------
