@@ -9,6 +9,7 @@ trials (a trial of A and a trial of B taken back to back).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import json
@@ -72,6 +73,24 @@ def interleaved(
 
     Even trials run the variants in the given order, odd trials in reverse order.
     """
+    return round_robin(
+        variants, trials=trials, warmup=warmup, time_one=lambda fn: time_block(fn, inner)
+    )
+
+
+def round_robin(
+    variants: dict[str, Callable[[], Any]],
+    *,
+    trials: int,
+    warmup: int,
+    time_one: Callable[[Callable[[], Any]], float],
+) -> dict[str, list[float]]:
+    """`trials` samples of `time_one(fn)` for every variant, after `warmup` untimed calls each.
+
+    Even trials run the variants in the given order, odd trials in reverse order; the GC is off
+    inside a trial and collected (untimed) before every 10th one. Shared by `interleaved` and
+    the multi-worker `lockstep`.
+    """
     names = list(variants)
     for name in names:
         for _ in range(warmup):
@@ -81,7 +100,7 @@ def interleaved(
         order = names if trial % 2 == 0 else names[::-1]
         with gc_paused(collect=trial % 10 == 0):
             for name in order:
-                samples[name].append(time_block(variants[name], inner))
+                samples[name].append(time_one(variants[name]))
     return samples
 
 
@@ -148,6 +167,16 @@ def fmt_time(seconds: float) -> str:
     if seconds >= 1e-4:
         return f"{seconds * 1e3:.3f} ms"
     return f"{seconds * 1e6:.2f} us"
+
+
+def fmt_iqr(stats: dict[str, float]) -> str:
+    """The interquartile range of a `summarize` result, as `q1 .. q3`."""
+    return f"{fmt_time(stats['q1_s'])} .. {fmt_time(stats['q3_s'])}"
+
+
+def summary_row(name: str, stats: dict[str, float]) -> list[str]:
+    """A variant's table row from its `summarize` result: name, median, IQR, min."""
+    return [name, fmt_time(stats["median_s"]), fmt_iqr(stats), fmt_time(stats["min_s"])]
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -243,3 +272,43 @@ def set_threads(threads: int) -> None:
     """Use `threads` intra-op torch threads (0 keeps torch's default)."""
     if threads > 0:
         torch.set_num_threads(threads)
+
+
+def benchmark_parser(doc: str) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark, described by the first line of its docstring."""
+    return argparse.ArgumentParser(description=doc.splitlines()[0])
+
+
+def parse_in_process_args(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    *,
+    quick: dict[str, int],
+    quick_help: str = "few trials (smoke run)",
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """Parse an in-process benchmark's options; return them and the `environment()`.
+
+    Adds the options every in-process benchmark has after its own: `--quick` (which replaces
+    the options named in `quick` by their values there) and `--threads` (applied with
+    `set_threads` before the environment is recorded, and so before any timing).
+    """
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    env = environment()  # before timing: records the load when we start
+    if args.quick:
+        for option, value in quick.items():
+            setattr(args, option, value)
+    return args, env
+
+
+def finish(name: str, checks: list[dict[str, Any]], payload: dict[str, Any]) -> int:
+    """The end of every benchmark's `main`: print the checks, write the JSON result, return 0.
+
+    The result is `payload` with the checks added last (`write_result`).
+    """
+    print_checks(checks)
+    path = write_result(name, {**payload, "checks": checks})
+    print(f"wrote {path}")
+    return 0

@@ -19,24 +19,22 @@ Run: `python benchmarks/bench_all_reduce.py [--quick]`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 from _common import (
+    benchmark_parser,
     check,
-    environment,
-    fmt_time,
+    finish,
     gc_paused,
     median,
     paired_ratios,
-    print_checks,
+    parse_in_process_args,
     ratio_table,
-    set_threads,
     summarize,
+    summary_row,
     table,
     time_calls,
-    write_result,
 )
 
 import nbdist as nd
@@ -47,15 +45,9 @@ TARGET = 2.5
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--trials", type=int, default=150)
-    parser.add_argument("--quick", action="store_true", help="few trials (smoke run)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-    env = environment()  # before timing: records the load when we start
-    if args.quick:
-        args.trials = 8
+    args, env = parse_in_process_args(parser, argv, quick={"trials": 8})
 
     strategy = nd.MirroredStrategy(["cpu:0", "cpu:1"])
     telemetry = strategy.extended.telemetry
@@ -133,15 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         f"trials {args.trials}, load {env['loadavg_at_start']}, "
         f"telemetry nbytes per replica {nbytes_recorded}"
     )
-    rows = [
-        [
-            name,
-            fmt_time(st["median_s"]),
-            f"{fmt_time(st['q1_s'])} .. {fmt_time(st['q3_s'])}",
-            fmt_time(st["min_s"]),
-        ]
-        for name, st in stats.items()
-    ]
+    rows = [summary_row(name, st) for name, st in stats.items()]
     print(table(["variant", "median", "IQR", "min"], rows))
     print()
     ratio_rows = [
@@ -159,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         check("all_reduce 16 MiB / torch.add (telemetry duration)", collective_of_medians, "<=",
               TARGET, cross_check=collective),
     ]  # fmt: skip
-    print_checks(checks)
-    path = write_result(
+    return finish(
         NAME,
+        checks,
         {
             "description": "in-process all_reduce of 16 MiB per replica relative to torch.add",
             "environment": env,
@@ -175,11 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                 "telemetry_duration_paired": collective,
                 "telemetry_duration_of_medians": collective_of_medians,
             },
-            "checks": checks,
         },
     )  # fmt: skip
-    print(f"wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,23 +14,22 @@ Run: `python benchmarks/bench_batch_reduce.py [--quick]`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 from _common import (
+    benchmark_parser,
     check,
-    environment,
+    finish,
     fmt_time,
     interleaved,
     median,
     paired_ratios,
-    print_checks,
+    parse_in_process_args,
     ratio_table,
-    set_threads,
     summarize,
+    summary_row,
     table,
-    write_result,
 )
 
 import nbdist as nd
@@ -42,16 +41,10 @@ TARGET = 5.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--inner", type=int, default=3, help="calls per timed block")
-    parser.add_argument("--quick", action="store_true", help="few trials (smoke run)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-    env = environment()  # before timing: records the load when we start
-    if args.quick:
-        args.trials, args.inner = 6, 1
+    args, env = parse_in_process_args(parser, argv, quick={"trials": 6, "inner": 1})
 
     strategy = nd.MirroredStrategy(["cpu:0", "cpu:1"])
     extended = strategy.extended
@@ -141,14 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         f"trials {args.trials} x {args.inner} calls, load {env['loadavg_at_start']}"
     )
     rows = [
-        [
-            name,
-            fmt_time(st["median_s"]),
-            f"{fmt_time(st['q1_s'])} .. {fmt_time(st['q3_s'])}",
-            fmt_time(st["min_s"]),
-            fmt_time(st["median_s"] / COUNT),
-        ]
-        for name, st in stats.items()
+        [*summary_row(name, st), fmt_time(st["median_s"] / COUNT)] for name, st in stats.items()
     ]
     print(table(["variant", "median", "IQR", "min", "per tensor"], rows))
     print()
@@ -166,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         check("batch_reduce speedup (device-list dest)", dev_ratio_of_medians, ">=", TARGET,
               cross_check=dev_ratio),
     ]  # fmt: skip
-    print_checks(checks)
-    path = write_result(
+    return finish(
         NAME,
+        checks,
         {
             "description": "separate reduce_to loop time / one batch_reduce_to time",
             "environment": env,
@@ -187,11 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                 "separate_over_torch_separate_paired": separate_over_floor,
                 "separate_over_torch_separate_of_medians": separate_over_floor_of_medians,
             },
-            "checks": checks,
         },
     )  # fmt: skip
-    print(f"wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -26,22 +26,25 @@ Run: `python benchmarks/bench_multi_worker_allreduce.py [--quick]`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
 from _common import (
     check,
-    environment,
+    finish,
     fmt_time,
     median,
     paired_ratios,
-    print_checks,
-    summarize,
     table,
-    write_result,
 )
-from bench_multi_worker_common import launch, lockstep, worker_setup
+from bench_multi_worker_common import (
+    launch,
+    lockstep,
+    machine_line,
+    parse_multi_worker_args,
+    rank_summaries,
+    worker_setup,
+)
 
 NAME = "multi_worker_allreduce"
 KIB = 1024
@@ -101,12 +104,9 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="few trials (smoke run)")
-    parser.add_argument("--threads", type=int, default=1, help="ignored: workers use 1 thread")
-    parser.add_argument("--timeout", type=float, default=240.0, help="seconds for the workers")
-    args = parser.parse_args(argv)
-    env = environment()
+    args, env = parse_multi_worker_args(
+        __doc__, argv, timeout=240.0, timeout_help="seconds for the workers"
+    )
     plan = {str(size): [inner, 4 if args.quick else trials] for size, (inner, trials)
             in PLAN.items()}  # fmt: skip
     ranks = launch(
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     primary = per_rank[0]
 
     print(f"== {NAME}: 2 gloo worker processes, 1 CPU replica and 1 torch thread each")
-    print(f"cpu_count {env['cpu_count']}, load {env['loadavg_at_start']}; times are rank 0's")
+    print(machine_line(env))
     rows, ratios, stats = [], {}, {}
     for nbytes in SIZES:
         samples = primary[str(nbytes)]
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             "raw_on_copy_over_nbdist_of_medians": median(copy) / median(nb),
             "latency_ratio_of_medians": median(nb) / median(raw),
         }
-        stats[str(nbytes)] = {name: summarize(s) for name, s in samples.items()}
-        stats[str(nbytes)]["rank1"] = {name: summarize(s) for name, s in rank1.items()}
+        stats[str(nbytes)] = rank_summaries(samples)
+        stats[str(nbytes)]["rank1"] = rank_summaries(rank1)
         rows.append([
             _label(nbytes), fmt_time(median(nb)), fmt_time(median(raw)),
             f"{nbytes / median(nb) / 1e9:.2f}", f"{nbytes / median(raw) / 1e9:.2f}",
@@ -170,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                       r["throughput_ratio_of_medians"], ">=", THROUGHPUT_TARGET,
                       cross_check=r["throughput_ratio_paired"])
             )  # fmt: skip
-    print_checks(checks)
-    path = write_result(
+    return finish(
         NAME,
+        checks,
         {
             "description": "2-worker nbdist all_reduce in strategy.run vs raw dist.all_reduce",
             "environment": env,
@@ -181,11 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             "variants": stats,
             "ratios": ratios,
             "signature_all_gather_s": gather,
-            "checks": checks,
         },
     )  # fmt: skip
-    print(f"wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":

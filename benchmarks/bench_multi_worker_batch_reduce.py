@@ -20,23 +20,28 @@ Run: `python benchmarks/bench_multi_worker_batch_reduce.py [--quick]`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
 from _common import (
     check,
-    environment,
+    finish,
     fmt_time,
     median,
     paired_ratios,
-    print_checks,
     ratio_table,
     summarize,
+    summary_row,
     table,
-    write_result,
 )
-from bench_multi_worker_common import launch, lockstep, worker_setup
+from bench_multi_worker_common import (
+    launch,
+    lockstep,
+    machine_line,
+    parse_multi_worker_args,
+    rank_summaries,
+    worker_setup,
+)
 
 NAME = "multi_worker_batch_reduce"
 COUNT = 200
@@ -95,12 +100,9 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="few trials (smoke run)")
-    parser.add_argument("--threads", type=int, default=1, help="ignored: workers use 1 thread")
-    parser.add_argument("--timeout", type=float, default=150.0, help="seconds for the workers")
-    args = parser.parse_args(argv)
-    env = environment()
+    args, env = parse_multi_worker_args(
+        __doc__, argv, timeout=150.0, timeout_help="seconds for the workers"
+    )
     trials = 3 if args.quick else TRIALS
     ranks = launch("bench_multi_worker_batch_reduce", {"trials": trials}, timeout=args.timeout)
     samples = ranks[0]["samples"]
@@ -112,14 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     rank1_ratio = median(rank1["200 x reduce_to"]) / median(rank1["batch_reduce_to"])
 
     print(f"== {NAME}: {COUNT} tensors x 16 KiB float32 per worker, 2 gloo workers")
-    print(f"cpu_count {env['cpu_count']}, load {env['loadavg_at_start']}, trials {trials}; "
-          "times are rank 0's")  # fmt: skip
+    print(machine_line(env, f", trials {trials}"))
     rows = [
-        [name, fmt_time(median(s)),
-         f"{fmt_time(summarize(s)['q1_s'])} .. {fmt_time(summarize(s)['q3_s'])}",
-         fmt_time(min(s)), fmt_time(median(s) / (1 if "one" in name else COUNT))]
+        [*summary_row(name, summarize(s)), fmt_time(median(s) / (1 if "one" in name else COUNT))]
         for name, s in samples.items()
-    ]  # fmt: skip
+    ]
     print(table(["variant", "median", "IQR", "min", "per tensor"], rows))
     print()
     print(
@@ -134,24 +133,21 @@ def main(argv: list[str] | None = None) -> int:
         check("batch_reduce_to speedup over 200 reduce_to (2 workers)", of_medians, ">=",
               TARGET, cross_check=paired),
     ]  # fmt: skip
-    print_checks(checks)
-    path = write_result(
+    return finish(
         NAME,
+        checks,
         {
             "description": "2 workers: 200 x reduce_to time / one batch_reduce_to time",
             "environment": env,
             "parameters": {"count": COUNT, "elements": ELEMENTS, "dtype": "float32",
                            "workers": 2, "backend": "gloo", "trials": trials},
-            "variants": {name: summarize(s) for name, s in samples.items()},
-            "rank1_variants": {name: summarize(s) for name, s in rank1.items()},
+            "variants": rank_summaries(samples),
+            "rank1_variants": rank_summaries(rank1),
             "ratios": {"separate_over_batch_of_medians": of_medians,
                        "separate_over_batch_paired": paired,
                        "separate_over_batch_rank1_of_medians": rank1_ratio},
-            "checks": checks,
         },
     )  # fmt: skip
-    print(f"wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ torchrun set it): two workers on a 2-core machine.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import gc_paused
+from _common import benchmark_parser, environment, round_robin, summarize
 
 HERE = Path(__file__).resolve().parent
 
@@ -64,22 +65,15 @@ def lockstep(
     untimed) runs before each block. Even trials run the variants in order, odd trials reversed;
     the GC is off inside blocks and collected every 10th trial (untimed).
     """
-    names = list(variants)
-    for name in names:
-        for _ in range(warmup):
-            variants[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for trial in range(trials):
-        order = names if trial % 2 == 0 else names[::-1]
-        with gc_paused(collect=trial % 10 == 0):
-            for name in order:
-                fn = variants[name]
-                barrier()
-                start = time.perf_counter()
-                for _ in range(inner):
-                    fn()
-                samples[name].append((time.perf_counter() - start) / inner)
-    return samples
+
+    def block(fn: Callable[[], Any]) -> float:
+        barrier()
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        return (time.perf_counter() - start) / inner
+
+    return round_robin(variants, trials=trials, warmup=warmup, time_one=block)
 
 
 def worker_setup() -> None:
@@ -87,6 +81,32 @@ def worker_setup() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def parse_multi_worker_args(
+    doc: str, argv: list[str] | None, *, timeout: float, timeout_help: str
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """Parse a multi-worker benchmark's options (`--quick`, `--threads`, `--timeout`).
+
+    `--threads` is accepted (`run_all.py` passes it to every benchmark) and ignored: the
+    workers use one thread each. Returns the options and the parent's `environment()`.
+    """
+    parser = benchmark_parser(doc)
+    parser.add_argument("--quick", action="store_true", help="few trials (smoke run)")
+    parser.add_argument("--threads", type=int, default=1, help="ignored: workers use 1 thread")
+    parser.add_argument("--timeout", type=float, default=timeout, help=timeout_help)
+    return parser.parse_args(argv), environment()
+
+
+def machine_line(env: dict[str, Any], extra: str = "") -> str:
+    """The second header line of a multi-worker benchmark: cores, load (, `extra`)."""
+    cores, load = env["cpu_count"], env["loadavg_at_start"]
+    return f"cpu_count {cores}, load {load}{extra}; times are rank 0's"
+
+
+def rank_summaries(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """`summarize` of every variant of one rank's samples."""
+    return {name: summarize(s) for name, s in samples.items()}
 
 
 if __name__ == "__main__":

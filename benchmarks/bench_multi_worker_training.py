@@ -33,22 +33,27 @@ Run: `python benchmarks/bench_multi_worker_training.py [--quick]`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
 from _common import (
     check,
-    environment,
+    finish,
+    fmt_iqr,
     fmt_time,
     median,
     paired_ratios,
-    print_checks,
     summarize,
     table,
-    write_result,
 )
-from bench_multi_worker_common import launch, lockstep, worker_setup
+from bench_multi_worker_common import (
+    launch,
+    lockstep,
+    machine_line,
+    parse_multi_worker_args,
+    rank_summaries,
+    worker_setup,
+)
 
 NAME = "multi_worker_training"
 BATCH_PER_REPLICA = 64
@@ -175,18 +180,15 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
 def _rows(name: str, samples: dict[str, list[float]]) -> list[list[str]]:
     return [
         [name, variant, fmt_time(median(s)), f"{1 / median(s):.1f}",
-         f"{fmt_time(summarize(s)['q1_s'])} .. {fmt_time(summarize(s)['q3_s'])}"]
+         fmt_iqr(summarize(s))]
         for variant, s in samples.items()
     ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="few trials (smoke run)")
-    parser.add_argument("--threads", type=int, default=1, help="ignored: workers use 1 thread")
-    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per launch")
-    args = parser.parse_args(argv)
-    env = environment()
+    args, env = parse_multi_worker_args(
+        __doc__, argv, timeout=150.0, timeout_help="seconds per launch"
+    )
     plan = {m: [inner, 4 if args.quick else trials] for m, (inner, trials) in PLAN.items()}
     plain = launch(
         "bench_multi_worker_training",
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     print(f"== {NAME}: 2 gloo workers x 1 CPU replica, batch {BATCH_PER_REPLICA} per replica")
-    print(f"cpu_count {env['cpu_count']}, load {env['loadavg_at_start']}; times are rank 0's")
+    print(machine_line(env))
     rows: list[list[str]] = []
     ratios: dict[str, dict[str, float]] = {}
     stats: dict[str, Any] = {}
@@ -219,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                 "steps_per_s_ratio_rank1_of_medians": median(rank1["DDP"]) / median(rank1[nb_name]),
             }
             stats[key] = {
-                "rank0": {v: summarize(s) for v, s in samples.items()},
-                "rank1": {v: summarize(s) for v, s in rank1.items()},
+                "rank0": rank_summaries(samples),
+                "rank1": rank_summaries(rank1),
             }
             local = samples["local (no communication)"]
             ratios[key]["local_over_ddp_of_medians"] = median(ddp) / median(local)
@@ -252,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{m} {d:.3g}" for m, d in diffs.items())
         + "\n"
     )
-    print_checks(checks)
-    path = write_result(
+    return finish(
         NAME,
+        checks,
         {
             "description": "2-worker training steps/s: nbdist MWMS (strategy.run) vs PyTorch DDP",
             "environment": env,
@@ -265,11 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": ratios,
             "max_abs_diff_fp32": diffs,
             "max_abs_diff_bf16_vs_fp32_ddp": bf16[0]["max_abs_diff"],
-            "checks": checks,
         },
     )  # fmt: skip
-    print(f"wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":

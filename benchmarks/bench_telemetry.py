@@ -23,25 +23,23 @@ Run: `python benchmarks/bench_telemetry.py [--quick]`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import torch
 from _common import (
+    benchmark_parser,
     check,
-    environment,
-    fmt_time,
+    finish,
     gc_paused,
     median,
     median_ci,
-    print_checks,
-    set_threads,
+    parse_in_process_args,
     summarize,
+    summary_row,
     table,
     time_block,
     time_calls,
-    write_result,
 )
 
 import nbdist as nd
@@ -52,17 +50,16 @@ TARGET_PERCENT = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=60, help="A/B block pairs (end to end)")
     parser.add_argument("--calls", type=int, default=150, help="s.run calls per block")
     parser.add_argument("--record-calls", type=int, default=20000, help="record() per block")
-    parser.add_argument("--quick", action="store_true", help="few blocks (smoke run)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-    env = environment()  # before timing: records the load when we start
-    if args.quick:
-        args.pairs, args.calls, args.record_calls = 6, 50, 2000
+    args, env = parse_in_process_args(
+        parser,
+        argv,
+        quick={"pairs": 6, "calls": 50, "record_calls": 2000},
+        quick_help="few blocks (smoke run)",
+    )
 
     strategy = nd.MirroredStrategy(["cpu:0", "cpu:1"])
     telemetry = strategy.extended.telemetry
@@ -159,13 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "recording path (emulated LocalGroup._record)": summarize(path_blocks),
         "round, telemetry off (direct-measure anchor)": summarize(round_blocks),
     }
-    rows = [
-        [
-            name, fmt_time(st["median_s"]),
-            f"{fmt_time(st['q1_s'])} .. {fmt_time(st['q3_s'])}", fmt_time(st["min_s"]),
-        ]
-        for name, st in stats.items()
-    ]  # fmt: skip
+    rows = [summary_row(name, st) for name, st in stats.items()]
     print(table(["measure", "median", "IQR", "min"], rows))
     print()
     print(
@@ -202,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         lo >= TARGET_PERCENT or hi <= -TARGET_PERCENT
     )
     checks[0]["unstable"] = checks[0]["unstable"] or straddles
-    print_checks(checks)
-    path = write_result(
+    return finish(
         NAME,
+        checks,
         {
             "description": "telemetry cost on a 4 KiB in-process all-reduce",
             "environment": env,
@@ -222,11 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                 "path_over_round_paired": path_pairs_percent,
             },
             "blocks": {"on": on_blocks, "off": off_blocks},
-            "checks": checks,
         },
     )  # fmt: skip
-    print(f"wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":
