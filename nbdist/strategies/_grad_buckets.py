@@ -33,6 +33,7 @@ class _Bucket:
     offsets: list[int]
     buffer: torch.Tensor
     views: list[torch.Tensor]  # one view of `buffer` per parameter, shaped like it
+    group: int = 0  # buckets of parameters captured by one scope exit form a group
     ready: int = 0
     work: Any = None
 
@@ -51,6 +52,8 @@ class GradientBuckets:
         self.buckets: list[_Bucket] = []
         self._where: dict[int, tuple[int, int]] = {}
         self._launched = 0
+        self._groups = 0
+        self._touched: set[int] = set()
         self._pending = False
         self._start = 0.0
         self.active = False
@@ -71,6 +74,7 @@ class GradientBuckets:
             size += nbytes
         if current:
             self._make_bucket(current)
+        self._groups += 1
 
     def _make_bucket(self, params: list[torch.nn.Parameter]) -> None:
         offsets, total = [], 0
@@ -85,7 +89,7 @@ class GradientBuckets:
         views = [
             buffer[offset : offset + p.numel()].view(p.shape) for p, offset in zip(params, offsets)
         ]
-        self.buckets.append(_Bucket(params, offsets, buffer, views))
+        self.buckets.append(_Bucket(params, offsets, buffer, views, group=self._groups))
         for slot, param in enumerate(params):
             self._where[id(param)] = (index, slot)
             param.register_post_accumulate_grad_hook(self._on_grad)
@@ -105,15 +109,24 @@ class GradientBuckets:
             engine.queue_callback(self._finish)
         index, _ = self._where[id(param)]
         bucket = self.buckets[index]
+        self._touched.add(bucket.group)
         bucket.ready += 1
         if bucket.ready == len(bucket.params):
             self._launch_ready()
 
-    def _launch_ready(self) -> None:
+    def _launch_ready(self, final: bool = False) -> None:
+        """Launch complete buckets in index order; at the end of backward (`final`), complete
+        the buckets of every group this backward touched and skip the other groups' buckets
+        (another model trained by a separate backward keeps its gradients as they are)."""
         while self._launched < len(self.buckets):
             bucket = self.buckets[self._launched]
             if bucket.ready < len(bucket.params):
-                return
+                if not final:
+                    return
+                if bucket.group not in self._touched:
+                    self._launched += 1
+                    continue
+                bucket.ready = len(bucket.params)
             self._launch(bucket)
             self._launched += 1
 
@@ -130,13 +143,13 @@ class GradientBuckets:
     def _finish(self) -> None:
         self._pending = False
         try:
-            for bucket in self.buckets[self._launched :]:
-                bucket.ready = len(bucket.params)
-            self._launch_ready()
+            self._launch_ready(final=True)
             nbytes = 0
             scale = 1.0 / self.group.world_size
             with torch.no_grad():
                 for bucket in self.buckets:
+                    if bucket.work is None:
+                        continue
                     self.group.wait(bucket.work, "gradient all_reduce")
                     nbytes += bucket.buffer.numel() * bucket.buffer.element_size()
                     missing = [p for p in bucket.params if p.grad is None]
@@ -150,6 +163,7 @@ class GradientBuckets:
             for bucket in self.buckets:
                 bucket.ready, bucket.work = 0, None
             self._launched = 0
+            self._touched.clear()
 
 
 def hook_count(buckets: GradientBuckets) -> int:

@@ -259,3 +259,43 @@ def test_two_workers_on_digits_match_one_worker_at_the_same_global_batch(monkeyp
     assert two[0]["params"] == two[1]["params"]
     for p1, p2 in zip(_tensors(one["params"]), _tensors(two[0]["params"])):
         torch.testing.assert_close(p2, p1, rtol=0, atol=1e-5)
+
+
+TWO_MODELS = r"""
+import torch
+torch.set_num_threads(1)
+import nbdist as nd
+
+strategy = nd.MultiWorkerMirroredStrategy()
+rank = strategy.cluster_resolver.task_id
+with strategy.scope():
+    first = torch.nn.Linear(4, 1)
+with strategy.scope():
+    second = torch.nn.Linear(4, 1)
+x = torch.ones(2, 4) * (rank + 1)
+strategy.run(lambda: first(x).sum().backward())
+first_grad = first.weight.grad.clone()
+strategy.run(lambda: second(x).sum().backward())  # a separate backward, as in a GAN
+report({
+    "first": first_grad.tolist(),
+    "first_after": first.weight.grad.tolist(),
+    "second": second.weight.grad.tolist(),
+    "telemetry": [r.nbytes for r in strategy.extended.telemetry.records()
+                  if r.op == "gradient_sync"],
+})
+strategy.shutdown()
+"""
+
+
+def test_models_trained_by_separate_backwards_keep_their_own_gradients():
+    port = free_port()
+    results = run_workers(TWO_MODELS, [torchrun_env(r, 2, port) for r in range(2)],
+                          timeout=LAUNCH_TIMEOUT)  # fmt: skip
+    assert_all_ok(results)
+    for worker in results:
+        out = worker.result
+        assert out["first"] == [[3.0, 3.0, 3.0, 3.0]]  # mean of 2 and 4 per element
+        assert out["first_after"] == out["first"]  # untouched by the second model's backward
+        assert out["second"] == [[3.0, 3.0, 3.0, 3.0]]
+        # each backward all-reduced only its own model's bucket (4 weights + 1 bias, float32)
+        assert out["telemetry"] == [20, 20]
