@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from nbdist.names import member_by_name
+
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "CommunicationImplementation", "CommunicationOptions"]
 
 DEFAULT_TIMEOUT_SECONDS = 300.0
@@ -31,10 +33,9 @@ class CommunicationImplementation(enum.Enum):
     @classmethod
     def from_value(cls, value: CommunicationImplementation | str) -> CommunicationImplementation:
         """Return the member for a member or its name."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str) and value.strip().upper() in cls.__members__:
-            return cls[value.strip().upper()]
+        member = member_by_name(cls, value)
+        if member is not None:
+            return member
         names = ", ".join(m.value for m in cls)
         raise ValueError(f"Unknown communication implementation {value!r}; choose one of {names}.")
 

@@ -6,6 +6,8 @@ import enum
 
 import torch
 
+from nbdist.names import member_by_name
+
 __all__ = ["ReduceOp"]
 
 
@@ -28,13 +30,9 @@ class ReduceOp(enum.Enum):
     @classmethod
     def from_value(cls, value: ReduceOp | str) -> ReduceOp:
         """Return the `ReduceOp` for an op or its name (`"sum"`, `"MEAN"`, ...)."""
-        if isinstance(value, ReduceOp):
-            return value
-        if isinstance(value, str):
-            try:
-                return cls[value.strip().upper()]
-            except KeyError:
-                pass
+        member = member_by_name(cls, value)
+        if member is not None:
+            return member
         names = ", ".join(repr(op.value) for op in cls)
         raise ValueError(
             f"Unknown reduce op {value!r}; use nbdist.ReduceOp or one of its names: {names}."

@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 from nbdist import context
 from nbdist.devices import physical_device
+from nbdist.names import member_by_name
 from nbdist.reduce import ReduceOp
 from nbdist.values import DistributedValues, PerReplica
 
@@ -53,10 +54,9 @@ class VariableAggregation(enum.Enum):
 
 
 def _enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, str) and value.upper() in cls.__members__:
-        return cls[value.upper()]
+    member = member_by_name(cls, value)
+    if member is not None:
+        return member
     raise ValueError(f"Unknown {what} {value!r}; choose one of {[m.name for m in cls]}.")
 
 
