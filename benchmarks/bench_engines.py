@@ -1,4 +1,4 @@
-"""Engines (nd.Cluster): %%distribute, strategy.run, run_steps and start-up vs ipyparallel.
+"""Engines (nd.Cluster): %%distribute, run, run_steps, start-up vs ipyparallel and nbdistributed.
 
 Two CPU engines. Every nbdist measure has an anchor taken in the same run, interleaved with it
 (the order alternates from trial to trial):
@@ -12,17 +12,37 @@ Two CPU engines. Every nbdist measure has an anchor taken in the same run, inter
 4. `nd.Cluster(n=2).start()` to ready vs a bare `ipyparallel.Cluster(n=2)`
    `.start_and_connect_sync()` + `wait_for_engines(2)`, alternating, each stopped after. An
    informational second anchor uses ipyparallel with nbdist's launch settings (`delay=0`, 1 s
-   heartbeat, controller on 127.0.0.1).
+   heartbeat, controller on 127.0.0.1);
+5. the same trivial `%%distribute` cell vs the third-party `nbdistributed` package's
+   `%%distributed` (PyPI 0.1.0, `benchmarks/requirements.txt`) on 2 CPU workers of its own
+   (`%load_ext nbdistributed`, `%dist_init -n 2`, `%dist_mode --disable`), in the same shell.
+
+The nbdistributed phase runs after 1-3, with nbdist's engines still up: both clusters coexist
+(4 processes on 2 cores, but idle ones block in a socket receive, so only the side being timed
+works) and the two cells alternate trial by trial. It is a phase of its own, not a third variant
+of 1, because nbdistributed keeps a thread in this process that wakes every 100 ms; 1-3 run
+without it. nbdistributed starts its workers as `python .../nbdistributed/worker.py` (the first
+`python` on PATH), so this interpreter's directory is put first on PATH while they start. Its
+shutdown: `%dist_shutdown` and `%unload_ext` of 0.1.0 stop class-level managers that
+`%dist_init` never sets (it stores them on the magic instance), so both leave the workers
+running, and `%dist_reset` runs `pkill -f` on broad patterns (`worker.py`, `python.*worker`,
+...) that would hit other processes on a shared machine; so the benchmark runs the steps of its
+`DistributedMagic.shutdown_all` on the instance's managers (the "shutdown" message, the
+communication manager's `shutdown()`, the process manager's `shutdown()`: SIGTERM then SIGKILL,
+by pid). Without nbdistributed installed, 5 is skipped (reported, not a crash).
 
 Every process started here is stopped in `finally` blocks, and the run ends by checking with
-psutil that no ipengine / ipcontroller process it started is left.
+psutil that no ipengine / ipcontroller / nbdistributed worker process it started is left.
 
-Run: `python benchmarks/bench_engines.py [--quick]` (~60-90 s on 2 cores).
+Run: `python benchmarks/bench_engines.py [--quick]` (~60-90 s on 2 cores, nbdistributed's phase,
+~15 s, included).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import importlib.util
 import io
 import logging
 import os
@@ -56,6 +76,10 @@ NAME = "engines"
 STEPS = 100
 _IPP_WORDS = ("ipengine", "ipcontroller", "ipyparallel.engine", "ipyparallel.controller",
               "ipyparallel.cluster")  # fmt: skip
+_NBD_WORDS = (os.path.join("nbdistributed", "worker.py"),)  # its workers' command line
+NBD_MISSING = (
+    "nbdistributed not installed: pip install -c constraints/dev.txt -r benchmarks/requirements.txt"
+)
 
 
 def trivial() -> int:
@@ -79,15 +103,16 @@ def _note_children() -> None:
             _seen.add(child.pid)
 
 
-def _ipp_processes() -> list[psutil.Process]:
-    """Live ipyparallel processes that this run started (seen as children, or our IPYTHONDIR)."""
+def _ipp_processes(words: tuple[str, ...] = _IPP_WORDS) -> list[psutil.Process]:
+    """Live processes this run started (seen as children, or naming our IPYTHONDIR) whose
+    command line has one of `words` (by default: ipyparallel's)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
             ours = proc.info["pid"] in _seen or _IPYTHONDIR in cmd
-            ipp = any(word in cmd for word in _IPP_WORDS)
-            if ours and ipp and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+            match = any(word in cmd for word in words)
+            if ours and match and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except psutil.Error:
             continue
@@ -99,7 +124,7 @@ def _kill_leftovers(grace: float = 5.0) -> list[str]:
 
     Returns `"pid cmdline"` of each process that had to be killed.
     """
-    left = _ipp_processes()
+    left = _ipp_processes(_IPP_WORDS + _NBD_WORDS)
     _, left = psutil.wait_procs(left, timeout=grace)
     killed = []
     for proc in left:
@@ -173,13 +198,124 @@ def latency(args: Any) -> dict[str, Any]:
             trials=args.step_trials, warmup=2, time_one=one,
         )  # fmt: skip
         per_step["run_steps (per step)"] = [t / STEPS for t in per_step["run_steps (per step)"]]
-        return {"cells": cells, "calls": calls, "steps": per_step}
+        groups = {"cells": cells, "calls": calls, "steps": per_step}
+        nbd = against_nbdistributed(shell, distribute, quiet, args.trials)
+        if nbd is not None:
+            groups["cells vs nbdistributed"] = nbd
+        return groups
     finally:
         _note_children()
         with contextlib.redirect_stdout(sink), contextlib.suppress(Exception):
             shell.run_line_magic("dist", "stop")
         with contextlib.suppress(Exception):
             shell.run_line_magic("unload_ext", "nbdist")
+
+
+# -- 5: nbdistributed's %%distributed (from `latency`, its cluster still up) -----------------
+NBD_CELL = "%%distributed (nbdistributed)"
+_nbd_info: dict[str, Any] = {}  # what the phase learnt (version, start time), for the JSON
+
+
+@contextlib.contextmanager
+def _this_python_first() -> Any:
+    """Put this interpreter's directory first on PATH (nbdistributed runs `python worker.py`)."""
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + old
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+def _nbd_stop(shell: Any, magic: Any) -> None:
+    """nbdistributed's graceful shutdown (`DistributedMagic.shutdown_all`'s steps) applied to the
+    managers `%dist_init` stored on `magic`, then its hooks removed and the extension unloaded."""
+    comm, manager = magic._comm_manager, magic._process_manager
+    magic._comm_manager = magic._process_manager = None
+    magic._num_processes = 0
+    try:
+        if comm is not None:
+            # The worker leaves its loop on "shutdown" without answering: this always times out.
+            with contextlib.suppress(Exception):
+                comm.send_to_all("shutdown", {}, timeout=2.0)
+            with contextlib.suppress(Exception):
+                comm.shutdown()
+        if manager is not None:
+            _seen.update(process.pid for process in manager.processes)
+            manager.shutdown()  # SIGTERM, up to 3 s, then SIGKILL, by pid
+    finally:
+        magic._disable_distributed_mode()
+        for event, hook in (("pre_run_cell", magic._pre_execution_timeline),
+                            ("post_run_cell", magic._post_execution_sync)):  # fmt: skip
+            with contextlib.suppress(ValueError):
+                shell.events.unregister(event, hook)
+        with contextlib.suppress(Exception):
+            shell.run_line_magic("unload_ext", "nbdistributed")
+
+
+def against_nbdistributed(
+    shell: Any, distribute: Any, quiet: Any, trials: int
+) -> dict[str, list[float]] | None:
+    """`%%distribute` vs nbdistributed's `%%distributed` (`1 + 1`, 2 CPU workers), interleaved.
+
+    None (and a printed line) when nbdistributed is not installed.
+    """
+    if importlib.util.find_spec("nbdistributed") is None:
+        print(NBD_MISSING, flush=True)
+        _nbd_info["skipped"] = NBD_MISSING
+        return None
+    _nbd_info["version"] = importlib.metadata.version("nbdistributed")
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink):
+        shell.run_line_magic("load_ext", "nbdistributed")
+    magic = shell.magics_manager.registry["DistributedMagic"]
+    try:
+        begin = time.perf_counter()
+        with contextlib.redirect_stdout(sink), _this_python_first():
+            shell.run_line_magic("dist_init", "-n 2")
+        comm, manager = magic._comm_manager, magic._process_manager
+        if manager is not None:
+            _seen.update(process.pid for process in manager.processes)
+        if comm is None:
+            raise RuntimeError(f"nbdistributed's %dist_init failed:\n{sink.getvalue()}")
+        # %dist_init returns after a fixed 2 s sleep, before the workers have joined their process
+        # group and connected (a message to a worker not connected yet is dropped): wait until
+        # both answer.
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                comm.send_to_all("get_status", {}, timeout=1.0)
+                break
+            except TimeoutError:
+                dead = [p.pid for p in manager.processes if p.poll() is not None]
+                if dead or time.monotonic() > deadline:
+                    message = f"nbdistributed workers not ready (exited: {dead})"
+                    raise RuntimeError(message) from None
+        _nbd_info["start_to_ready_s"] = time.perf_counter() - begin
+        _note_children()
+        with contextlib.redirect_stdout(sink):
+            shell.run_line_magic("dist_mode", "--disable")  # plain cells stay local
+        sink.seek(0)
+        sink.truncate()
+        with contextlib.redirect_stdout(sink):
+            shell.run_cell_magic("distributed", "", "1 + 1")
+        printed = sink.getvalue()
+        assert "Rank 0:\n  2" in printed and "Rank 1:\n  2" in printed, printed
+        distributed = quiet(lambda: shell.run_cell_magic("distributed", "", "1 + 1"))
+
+        def one(fn) -> float:
+            start = time.perf_counter()
+            fn()
+            return time.perf_counter() - start
+
+        return round_robin(
+            {"%%distribute": distribute, NBD_CELL: distributed},
+            trials=trials, warmup=5, time_one=one,
+        )  # fmt: skip
+    finally:
+        _note_children()
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            _nbd_stop(shell, magic)
 
 
 # -- 4: start-up -------------------------------------------------------------------------------
@@ -262,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         leftovers = _kill_leftovers()
     remaining = _ipp_processes()
+    remaining_nbd = _ipp_processes(_NBD_WORDS)
     print(f"(measured in {time.perf_counter() - began:.1f} s)")
 
     groups = {**lat, "start": starts}
@@ -281,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
         ("Cluster start / ipyparallel start", "start", "nd.Cluster(n=2).start()",
          "ipyparallel.Cluster(n=2) (defaults)", "<=", 0.8),
     ]  # fmt: skip
+    nbd_metric = "%%distribute / nbdistributed %%distributed"
+    skipped = []
+    if "cells vs nbdistributed" in groups:
+        pairs.insert(1, (nbd_metric, "cells vs nbdistributed", "%%distribute", NBD_CELL, "<", 1))
+    else:
+        skipped.append({"metric": nbd_metric, "reason": _nbd_info.get("skipped", "not measured")})
     info = ("Cluster start / ipyparallel start (nbdist's settings)", "start",
             "nd.Cluster(n=2).start()", "ipyparallel.Cluster(n=2) (nbdist's settings)")  # fmt: skip
     rows, checks = [], []
@@ -292,15 +435,31 @@ def main(argv: list[str] | None = None) -> int:
     rows.append([info[0] + " (info)", a, b])
     print()
     print(ratio_table(rows))
+    for row in skipped:
+        print(f"{row['metric']}: skipped ({row['reason']})")
+    if "start_to_ready_s" in _nbd_info:
+        print(
+            f"nbdistributed {_nbd_info['version']}: %dist_init -n 2 to both workers answering "
+            f"in {_nbd_info['start_to_ready_s']:.2f} s (one start, for information)"
+        )
     print()
     clean = not remaining
     print(
-        f"processes: {len(leftovers)} ipyparallel process(es) had to be killed at the end; "
-        f"{len(remaining)} left now ({'clean' if clean else 'NOT clean'})"
+        f"processes: {len(leftovers)} process(es) of the run had to be killed at the end; "
+        f"{len(remaining)} ipyparallel process(es) left now ({'clean' if clean else 'NOT clean'})"
     )
     for line in leftovers:
         print(f"  killed: {line}")
+    if "version" in _nbd_info:
+        print(
+            f"nbdistributed workers left now: {len(remaining_nbd)} "
+            f"({'clean' if not remaining_nbd else 'NOT clean'})"
+        )
     checks.append(check("ipyparallel processes left", float(len(remaining)), "<=", 0, unit=""))
+    if "version" in _nbd_info:
+        checks.append(
+            check("nbdistributed workers left", float(len(remaining_nbd)), "<=", 0, unit="")
+        )
     return finish(
         NAME,
         checks,
@@ -320,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             },
             "samples": groups,
             "informational": {info[0]: {"ratio_of_medians": a, "paired_median": b}},
+            "nbdistributed": _nbd_info,
+            "skipped": skipped,
             "killed_at_end": leftovers,
         },
     )
