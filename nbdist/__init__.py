@@ -57,7 +57,7 @@ from nbdist.variables import (
     VariableSynchronization,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.1.0.dev0"  # keep equal to pyproject.toml (engines on other hosts are checked)
 
 __all__ = [
     "CentralStorageStrategy",

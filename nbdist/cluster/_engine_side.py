@@ -36,18 +36,42 @@ def attach(namespace: dict[str, Any]) -> None:
     _state["namespace"] = namespace
 
 
-def describe(bind_address: str = "127.0.0.1") -> dict[str, Any]:
-    """Where this engine runs, and a port that was free here (for the rendezvous)."""
+def describe(controller: str = "127.0.0.1") -> dict[str, Any]:
+    """Where this engine runs: host, pid, its address as peers reach it, and a free port.
+
+    `controller` is the controller's address; the engine's own address is the one its
+    traffic to the controller leaves from (127.0.0.1 when the controller is local), so the
+    rendezvous uses an interface the other engines can reach.
+    """
+    address = _address_towards(controller)
+    bind = "127.0.0.1" if address.startswith("127.") else ""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((bind_address, 0))
+        sock.bind((bind, 0))
         port = sock.getsockname()[1]
     return {
         "host": socket.gethostname(),
+        "address": address,
         "pid": os.getpid(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "free_port": port,
         "cores": _cores(),
     }
+
+
+def _address_towards(peer: str) -> str:
+    """This machine's IPv4 address on the route to `peer` (no packet is sent)."""
+    try:
+        target = socket.gethostbyname(peer)
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    if target.startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((target, 9))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return socket.gethostbyname(socket.gethostname())
 
 
 def bootstrap(config: dict[str, Any]) -> dict[str, Any]:

@@ -17,16 +17,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import math
 import socket
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nbdist.cluster import _engine_side, _wire
 from nbdist.cluster.calls import call_engines
 from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
+from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
 from nbdist.cluster.plan import LaunchPlan, make_plan
 from nbdist.cluster.processes import KILL_GRACE_S, ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
@@ -37,6 +37,16 @@ __all__ = ["Cluster"]
 
 _LOG = logging.getLogger(__name__)
 _OUTPUT_TAIL = 30
+_POLL_S = 0.2  # how often a wait for registration checks whether an engine process exited
+_ENGINE_EXIT_HINT = {
+    "local": "Its output is below.",
+    "mpi": "mpiexec's output is below (an MPI that refuses the launch, or mpi4py missing).",
+    "ssh": (
+        "Check that nbdist is installed for the hosts' Python (pass "
+        "launcher_options={'remote_python': '/path/to/python'}); the output is below."
+    ),
+    "slurm": "The job's output is below (sbatch options, the allocation).",
+}
 _ATTACH = (
     "import nbdist.cluster._engine_side as _nbdist_engine_side\n"
     "_nbdist_engine_side.attach(get_ipython().user_ns)\n"
@@ -60,10 +70,12 @@ class Cluster:
         n: Number of engines. Default: one per visible GPU, else 2 CPU engines.
         gpus: `"all"` (one engine per GPU), GPU indices (`[0, 2]` or `"0,2"`), or `"none"`
             for CPU engines on a GPU machine. Default: the GPUs if there are any.
-        hosts: `"h1:2,h2:2"` for engines on other machines (needs launcher ssh, mpi or slurm;
-            not available yet).
-        launcher: `"local"` (this machine); `"ssh"`, `"mpi"`, `"slurm"` are not wired up yet
-            and raise `NotImplementedError`.
+        hosts: `"h1:2,h2:2"` (`[user@]HOST[:COUNT]`) for engines on other machines, with
+            launcher ssh, mpi or slurm. The controller then listens on all interfaces, and the
+            rendezvous on the first engine's address.
+        launcher: `"local"` (this machine), `"ssh"` (needs hosts; ssh must log in without a
+            password), `"mpi"` (`mpiexec`; needs mpi4py) or `"slurm"` (an `sbatch` job of
+            `n` tasks). All are ipyparallel's engine-set launchers.
         backend: `"auto"` (NCCL on GPUs, gloo on CPUs), `"gloo"` or `"nccl"`.
         strategy: `"mirrored"` or `"multi_worker"` (both: one replica per engine in one group);
             `"parameter_server"` is not available yet.
@@ -71,9 +83,14 @@ class Cluster:
         profile_dir: ipyparallel profile directory (default: `$IPYTHONDIR/profile_default`).
         heartbeat_period: Seconds between the controller's heartbeats (registration waits
             for one; 10 missed beats unregister an engine).
+        launcher_options: Settings of ipyparallel's engine-set launcher, e.g.
+            `{"remote_python": "/opt/venv/bin/python", "ssh_args": ["-p", "2222"]}` for ssh,
+            `{"mpi_args": [...]}`, `{"account": "...", "timelimit": "1:00:00"}` for Slurm.
 
     Raises:
-        ValueError, TypeError, NotImplementedError: invalid arguments (see `plan.make_plan`).
+        ValueError, TypeError, NotImplementedError: invalid arguments (see `plan.make_plan`),
+            or a launcher option that ipyparallel's launcher does not have.
+        RuntimeError: launcher="mpi" without `mpiexec` or mpi4py.
 
     Example (starts processes, so not run here)::
 
@@ -94,6 +111,7 @@ class Cluster:
         *,
         profile_dir: str | None = None,
         heartbeat_period: float = 1.0,
+        launcher_options: Mapping[str, Any] | None = None,
     ):
         self._plan: LaunchPlan = make_plan(n, gpus, hosts, launcher, backend, strategy, timeout)
         if isinstance(heartbeat_period, bool) or not (
@@ -103,7 +121,17 @@ class Cluster:
                 f"heartbeat_period must be between 0.05 and 60 seconds, got {heartbeat_period!r}."
             )
         self._heartbeat_ms = int(heartbeat_period * 1000)
-        self._profile_dir = profile_dir
+        if launcher_options is not None and not isinstance(launcher_options, Mapping):
+            raise TypeError(
+                f"launcher_options must be a dict of launcher settings, got {launcher_options!r}"
+                "; e.g. launcher_options={'remote_python': '/opt/venv/bin/python'}."
+            )
+        self._settings = ipyparallel_settings(
+            self._plan,
+            heartbeat_ms=self._heartbeat_ms,
+            profile_dir=profile_dir,
+            options=launcher_options,
+        )
         self._ipp: Any = None
         self._client: Any = None
         self._engines: tuple[EngineInfo, ...] = ()
@@ -289,42 +317,70 @@ class Cluster:
     # -- starting -------------------------------------------------------------------------
     def _launch(self, deadline: float) -> None:
         import ipyparallel
-        from traitlets.config import Config
 
         plan = self._plan
-        config = Config()
-        config.ControllerLauncher.connection_info_timeout = float(plan.timeout)
-        kwargs: dict[str, Any] = {
-            "n": plan.n,
-            "controller_ip": "127.0.0.1",
-            "controller_args": [f"--HeartMonitor.period={self._heartbeat_ms}"],
-            "delay": 0.0,
-            "engine_timeout": math.ceil(plan.timeout),
-            "log_level": logging.WARNING,
-            "config": config,
-        }
-        if self._profile_dir is not None:
-            kwargs["profile_dir"] = self._profile_dir
-        self._ipp = ipyparallel.Cluster(**kwargs)
-        self._ipp.start_controller_sync()
+        settings = self._settings
+        if plan.launcher == "ssh" and plan.hosts:
+            try:
+                probe_hosts(
+                    settings,
+                    [host for host, _ in plan.hosts],
+                    settings.remote_python,
+                    _probe_timeout(deadline),
+                )
+            except ConnectionError as error:
+                raise ClusterStartError(str(error)) from None
+        self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
         threads = max(1, _cores() // plan.n)
+        if not settings.engines_first:
+            self._ipp.start_controller_sync()
         for count, environment in plan.engine_sets():
             env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
             env.update(environment)
-            self._ipp.start_engines_sync(n=count, environment=env)
+            try:
+                self._ipp.start_engines_sync(n=count, environment=env)
+            except Exception as error:
+                raise ClusterStartError(_launch_failure(plan, error)) from error
+        if settings.engines_first:
+            self._ipp.start_controller_sync()
         self._record_processes()
         self._client = self._ipp.connect_client_sync()
-        try:
-            self._client.wait_for_engines(
-                plan.n, timeout=_remaining(deadline), block=True, interactive=False
-            )
-        except TimeoutError as error:
-            raise EngineTimeoutError(
-                f"Only {len(self._client.ids)} of {plan.n} engines registered within "
-                f"{plan.timeout:g} s. Raise Cluster(timeout=...) on a slow or busy machine.",
-                pending=(plan.n - len(self._client.ids),),
-            ) from error
+        self._wait_for_registration(deadline)
         self._record_processes()
+
+    def _wait_for_registration(self, deadline: float) -> None:
+        """Wait until every engine has registered; fail at once when an engine process exits."""
+        plan = self._plan
+        exited: list[dict[str, Any]] = []
+        for engine_set in self._ipp.engines.values():
+            launchers = list(getattr(engine_set, "launchers", {}).values()) or [engine_set]
+            for launcher in launchers:
+                launcher.on_stop(exited.append)
+        waiting = self._client.wait_for_engines(plan.n, timeout=_remaining(deadline), block=False)
+        while True:
+            try:
+                waiting.result(timeout=_POLL_S)
+                return
+            except TimeoutError:  # not yet (or ipyparallel's own wait timed out: done())
+                if exited:
+                    raise ClusterStartError(
+                        f"An engine process exited before registering ({exited[0]}); "
+                        f"{len(self._client.ids)} of {plan.n} engine(s) registered. "
+                        f"{_ENGINE_EXIT_HINT[plan.launcher]}"
+                    ) from None
+                if waiting.done() or time.monotonic() >= deadline:
+                    break
+        raise EngineTimeoutError(
+            f"Only {len(self._client.ids)} of {plan.n} engines registered within "
+            f"{plan.timeout:g} s. Raise Cluster(timeout=...) on a slow or busy machine"
+            + (
+                f", and check that hosts {[h for h, _ in plan.hosts]} can reach this machine "
+                "(the controller listens on all interfaces)."
+                if plan.hosts
+                else "."
+            ),
+            pending=(plan.n - len(self._client.ids),),
+        )
 
     def _join(self, deadline: float) -> None:
         """Attach, describe and bootstrap every engine (concurrently), in rank order."""
@@ -332,8 +388,9 @@ class Cluster:
         ids = sorted(self._client.ids)[: plan.n]
         view = self._client.direct_view(ids)
         self._wait_start(view.execute(_ATTACH, block=False), deadline, "attaching")
+        peer = self._controller_address()
         described = self._wait_start(
-            view.apply_async(_engine_side.describe, "127.0.0.1"), deadline, "describing"
+            view.apply_async(_engine_side.describe, peer), deadline, "describing"
         )
         hosts = list(dict.fromkeys(d["host"] for d in described))
 
@@ -353,7 +410,7 @@ class Cluster:
                 "world_size": plan.n,
                 "local_rank": same_host.index(rank),
                 "local_world_size": len(same_host),
-                "master_addr": "127.0.0.1",
+                "master_addr": ranked[0][1]["address"],
                 "master_port": master_port,
                 "implementation": plan.implementation.value,
             }
@@ -373,6 +430,13 @@ class Cluster:
             )
             for rank, ((engine_id, info), boot) in enumerate(zip(ranked, booted))
         )
+
+    def _controller_address(self) -> str:
+        """The controller's address as engines reach it (they report their own from it)."""
+        if self._settings.controller_ip == "127.0.0.1":
+            return "127.0.0.1"
+        location = (getattr(self._client, "_config", None) or {}).get("location")
+        return str(location or socket.gethostname())
 
     def _wait_start(self, result: Any, deadline: float, step: str) -> list[Any]:
         if not result.wait(_remaining(deadline)):
@@ -423,6 +487,11 @@ class Cluster:
     def _teardown(self) -> None:
         self._record_processes()
         if self._client is not None:
+            if self._plan.launcher == "ssh" and self._client.ids:
+                # Engines on other hosts exit when asked through the controller; ipyparallel's
+                # ssh stop then finds them gone instead of signalling each over ssh.
+                with contextlib.suppress(Exception):
+                    self._client.shutdown(hub=False, block=True)
             with contextlib.suppress(Exception):
                 self._client.close()
         if self._ipp is not None:
@@ -450,6 +519,7 @@ class Cluster:
         if self._ipp is not None:
             roots.append(getattr(getattr(self._ipp, "controller", None), "process", None))
             for engine_set in list(getattr(self._ipp, "engines", {}).values()):
+                roots.append(getattr(engine_set, "process", None))  # mpiexec
                 for launcher in list(getattr(engine_set, "launchers", {}).values()):
                     roots.append(getattr(launcher, "process", None))
         here = socket.gethostname()
@@ -493,6 +563,29 @@ def _register_atexit() -> None:
     if not _atexit_registered:
         atexit.register(_stop_all_at_exit)
         _atexit_registered = True
+
+
+def _launch_failure(plan: LaunchPlan, error: BaseException) -> str:
+    """The message for an engine launcher that failed to start (ssh, mpiexec, sbatch)."""
+    detail = f"{type(error).__name__}: {error}"
+    output = getattr(error, "output", None) or getattr(error, "stderr", None)
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    if output:
+        detail += f"\n{str(output).strip()}"
+    if plan.launcher == "ssh":
+        hosts = ", ".join(host for host, _ in plan.hosts or ())
+        return (
+            f"Could not start engines over ssh on {hosts}: {detail}\nCheck that each host is "
+            "reachable and that `ssh HOST` logs in without a password prompt (a key in "
+            "ssh-agent or ~/.ssh/config); pass ssh options with "
+            "launcher_options={'ssh_args': [...]}."
+        )
+    return f"ipyparallel's {plan.launcher} launcher could not start the engines: {detail}"
+
+
+def _probe_timeout(deadline: float) -> float:
+    return max(1.0, min(30.0, _remaining(deadline) / 2))
 
 
 def _remaining(deadline: float) -> float:

@@ -26,6 +26,7 @@ from nbdist.communication import CommunicationImplementation
 __all__ = [
     "BACKENDS",
     "DEFAULT_CPU_ENGINES",
+    "GPU_MODES",
     "LAUNCHERS",
     "STRATEGIES",
     "LaunchPlan",
@@ -51,11 +52,10 @@ in one `torch.distributed` group (`MultiWorkerMirroredStrategy`)."""
 DEFAULT_CPU_ENGINES = 2
 """Engines started when `n` is not given and there is no GPU: the smallest multi-replica cluster."""
 
-_NOT_YET = {
-    "ssh": "ipyparallel's SSHEngineSetLauncher",
-    "mpi": "ipyparallel's MPIEngineSetLauncher",
-    "slurm": "ipyparallel's SlurmEngineSetLauncher",
-}
+GPU_MODES = ("pinned", "local_rank", "none")
+"""How engines find their GPU: `pinned` (local engines, one `CUDA_VISIBLE_DEVICES` each),
+`local_rank` (engines started by ssh, mpiexec or srun use `cuda:LOCAL_RANK` when their host has
+GPUs, else the CPU), `none` (CPU engines)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,9 @@ class LaunchPlan:
         gpus: Per engine, the `CUDA_VISIBLE_DEVICES` value it is pinned to (one physical GPU);
             None for CPU engines.
         hosts: `(host, count)` pairs for remote engines; None for engines on this machine.
+        gpu_mode: One of `GPU_MODES`.
+        gpus_required: `gpus="all"` or indices were asked for (a Slurm job then requests one
+            GPU per engine).
         launcher: One of `LAUNCHERS`.
         backend: One of `BACKENDS`' names.
         implementation: The `CommunicationImplementation` the engines' strategy uses.
@@ -82,11 +85,15 @@ class LaunchPlan:
     implementation: CommunicationImplementation
     strategy: str
     timeout: float
+    gpu_mode: str = "none"
+    gpus_required: bool = False
 
     @property
     def device_kind(self) -> str:
-        """`"gpu"` or `"cpu"`."""
-        return "gpu" if self.gpus else "cpu"
+        """`"gpu"`, `"cpu"`, or `"auto"` (engines on other hosts use a GPU where they find one)."""
+        if self.gpus:
+            return "gpu"
+        return "auto" if self.gpu_mode == "local_rank" else "cpu"
 
     def engine_sets(self) -> list[tuple[int, dict[str, str]]]:
         """`(count, environment)` per ipyparallel engine set to start.
@@ -94,10 +101,19 @@ class LaunchPlan:
         CPU engines are one set of `n`; GPU engines are one set per GPU, each with its own
         `CUDA_VISIBLE_DEVICES`, so every engine sees exactly one GPU (as `cuda:0`).
 
+        With the ssh, mpi and slurm launchers there is one set of `n` (ipyparallel starts
+        them per host); GPUs chosen here are all made visible to it, and each engine takes
+        `cuda:LOCAL_RANK`. `gpus="none"` hides every GPU (`CUDA_VISIBLE_DEVICES=""`).
+
         Example:
             >>> make_plan(gpus=[0, 1], gpu_ids=("0", "1")).engine_sets()
             [(1, {'CUDA_VISIBLE_DEVICES': '0'}), (1, {'CUDA_VISIBLE_DEVICES': '1'})]
+            >>> make_plan(launcher="mpi", gpus=[0, 1], gpu_ids=("0", "1")).engine_sets()
+            [(2, {'CUDA_VISIBLE_DEVICES': '0,1'})]
         """
+        hide = {"CUDA_VISIBLE_DEVICES": ""} if self.gpu_mode == "none" and self.hosts else {}
+        if self.launcher != "local":
+            return [(self.n, {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)} if self.gpus else hide)]
         if not self.gpus:
             return [(self.n, {})]
         return [(1, {"CUDA_VISIBLE_DEVICES": gpu}) for gpu in self.gpus]
@@ -237,10 +253,10 @@ def make_plan(
     Raises:
         ValueError: `n` < 1; an unknown launcher, backend or strategy (the valid names are
             listed); `gpus="all"` or a GPU index without such a GPU; `n` disagreeing with
-            `gpus`; `hosts` with the local launcher; NCCL without GPU engines; a timeout that
-            is not positive.
+            `gpus` or `hosts`; `hosts` with the local launcher, or ssh without `hosts`; GPU
+            indices with `hosts`; NCCL without GPU engines; a timeout that is not positive.
         TypeError: `n` or `gpus` of the wrong type.
-        NotImplementedError: a launcher or strategy this version cannot start yet.
+        NotImplementedError: a strategy this version cannot start yet.
 
     Example:
         >>> make_plan(n=0)
@@ -267,13 +283,24 @@ def make_plan(
             f"hosts={hosts!r} needs a launcher that reaches other machines; pass "
             "launcher='ssh' (or 'mpi', 'slurm'), or leave hosts out for engines on this machine."
         )
-    if launcher != "local":
-        raise NotImplementedError(
-            f"launcher={launcher!r} ({_NOT_YET[launcher]}) is not wired up in this version of "
-            "nbdist.Cluster; only launcher='local' (engines on this machine) can be started. "
-            "For other machines, start engines with ipyparallel's `ipcluster` for now."
+    if launcher == "ssh" and parsed_hosts is None:
+        raise ValueError(
+            "launcher='ssh' starts engines on other machines and needs hosts, e.g. "
+            "hosts='node1:2,node2:2' (HOST:ENGINES). For engines on this machine use "
+            "launcher='local'."
         )
     wanted = _gpu_indices(gpus)
+    if parsed_hosts is not None:
+        return _remote_plan(n, wanted, gpus, parsed_hosts, launcher, backend, strategy, timeout)
+    if launcher == "slurm":
+        # srun places the engines on the allocation's nodes: their GPUs are not this machine's.
+        count = n if n is not None else DEFAULT_CPU_ENGINES
+        if isinstance(wanted, list):
+            raise ValueError(_NO_GPU_LIST.format(gpus=gpus, launcher=launcher))
+        mode = "none" if wanted == "none" else "local_rank"
+        return _finish(
+            count, None, None, launcher, backend, strategy, timeout, mode, gpus, wanted == "all"
+        )
     available = tuple(local_gpu_ids() if gpu_ids is None else gpu_ids)
     chosen: tuple[str, ...] | None
     if wanted == "none" or (wanted is None and not available):
@@ -315,18 +342,73 @@ def make_plan(
             )
         chosen = tuple(available[i] for i in wanted)
         count = len(chosen)
-    if BACKENDS[backend] is CommunicationImplementation.NCCL and not chosen:
+    mode = "none" if not chosen else "pinned" if launcher == "local" else "local_rank"
+    return _finish(
+        count, chosen, None, launcher, backend, strategy, timeout, mode, gpus, bool(chosen)
+    )
+
+
+_NO_GPU_LIST = (
+    "gpus={gpus!r}: GPU indices name GPUs of this machine, but launcher={launcher!r} starts "
+    "engines elsewhere. Leave gpus out (each engine takes its host's GPU number LOCAL_RANK "
+    "when there is one) or pass gpus='none' for CPU engines; set CUDA_VISIBLE_DEVICES on the "
+    "hosts to choose GPUs there."
+)
+
+
+def _remote_plan(
+    n: int | None,
+    wanted: list[int] | str | None,
+    gpus: Any,
+    hosts: tuple[tuple[str, int], ...],
+    launcher: str,
+    backend: str,
+    strategy: str,
+    timeout: float,
+) -> LaunchPlan:
+    """The plan for engines on `hosts` (launcher ssh, mpi or slurm)."""
+    total = sum(count for _, count in hosts)
+    if n is not None and n != total:
+        spelled = ",".join(f"{host}:{count}" for host, count in hosts)
         raise ValueError(
-            "backend='nccl' needs GPU engines, but these engines run on CPUs. Use "
+            f"n={n} disagrees with hosts={spelled!r}, which asks for {total} engine(s). Leave "
+            "n out (the hosts' counts decide), or change the counts."
+        )
+    if isinstance(wanted, list):
+        raise ValueError(_NO_GPU_LIST.format(gpus=gpus, launcher=launcher))
+    mode = "none" if wanted == "none" else "local_rank"
+    return _finish(
+        total, None, hosts, launcher, backend, strategy, timeout, mode, gpus, wanted == "all"
+    )
+
+
+def _finish(
+    count: int,
+    chosen: tuple[str, ...] | None,
+    hosts: tuple[tuple[str, int], ...] | None,
+    launcher: str,
+    backend: str,
+    strategy: str,
+    timeout: float,
+    mode: str,
+    gpus: Any,
+    required: bool,
+) -> LaunchPlan:
+    if BACKENDS[backend] is CommunicationImplementation.NCCL and mode == "none":
+        where = "gpus='none' asks for CPU engines" if gpus is not None else "no GPU is visible"
+        raise ValueError(
+            f"backend='nccl' needs GPU engines, but these engines run on CPUs ({where}). Use "
             "backend='gloo' or 'auto' (gloo on CPUs, NCCL on GPUs)."
         )
     return LaunchPlan(
         n=count,
         gpus=chosen,
-        hosts=parsed_hosts,
+        hosts=hosts,
         launcher=launcher,
         backend=backend,
         implementation=BACKENDS[backend],
         strategy=strategy,
         timeout=float(timeout),
+        gpu_mode=mode,
+        gpus_required=required,
     )
