@@ -11,6 +11,7 @@ still run here, so `%dist auto off` works).
 from __future__ import annotations
 
 import argparse
+import ast
 import shlex
 import weakref
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from nbdist.cluster import Cluster
+from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError
 from nbdist.magics._cell import OUTPUT_MODES, distribute_cell
 
 __all__ = ["DistMagics", "current_cluster"]
@@ -59,7 +60,35 @@ def _start_parser() -> _Parser:
     parser.add_argument("--backend", choices=BACKENDS, default="auto")
     parser.add_argument("--strategy", choices=STRATEGIES, default="mirrored")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to start")
+    parser.add_argument(
+        "--launcher-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of ipyparallel's engine launcher, e.g. remote_python=/opt/venv/bin/python",
+    )
     return parser
+
+
+def _launcher_options(items: list[str]) -> dict[str, Any] | None:
+    """`["remote_python=/x/python", "ssh_args=['-p', '2222']"]` → a dict (values as literals
+    where they parse as Python literals, else as strings)."""
+    if not items:
+        return None
+    options: dict[str, Any] = {}
+    for item in items:
+        key, equals, text = item.partition("=")
+        if not equals or not key.strip():
+            raise UsageError(
+                f"%dist start: --launcher-option {item!r} is not KEY=VALUE; write e.g. "
+                "--launcher-option remote_python=/opt/venv/bin/python"
+            )
+        try:
+            value: Any = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        options[key.strip()] = value
+    return options
 
 
 def _distribute_parser() -> _Parser:
@@ -72,7 +101,8 @@ def _distribute_parser() -> _Parser:
 
 _DIST_USAGE = (
     "%dist start [-n N] [--gpus all|0,1] [--hosts h1:2,h2:2] [--launcher local|ssh|mpi|slurm] "
-    "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server]\n"
+    "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
+    "[--timeout S] [--launcher-option KEY=VALUE ...]\n"
     "%dist status | stop | restart | auto on|off | dashboard"
 )
 
@@ -119,8 +149,9 @@ class DistMagics(Magics):
             cluster = Cluster(
                 n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,
                 backend=args.backend, strategy=args.strategy, timeout=args.timeout,
+                launcher_options=_launcher_options(args.launcher_option),
             )  # fmt: skip
-        except (ValueError, TypeError, NotImplementedError) as error:
+        except (ValueError, TypeError, NotImplementedError, RuntimeError) as error:
             raise UsageError(f"%dist start: {error}") from None
         if self.cluster is not None and self.cluster.running:
             raise UsageError(
@@ -128,7 +159,11 @@ class DistMagics(Magics):
                 "`%dist restart` for fresh engines, or `%dist stop` before starting another."
             )
         print(f"Starting {cluster.num_engines} engine(s)…", flush=True)
-        cluster.start()
+        try:
+            cluster.start()
+        except (ClusterStartError, EngineTimeoutError) as error:
+            # Everything started was stopped; the message names the cause and the fix.
+            raise UsageError(f"%dist start: {error}") from None
         self.cluster = cluster
         namespace = self.shell.user_ns if self.shell is not None else {}
         published = ""

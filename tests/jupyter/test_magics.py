@@ -64,7 +64,14 @@ def test_status_and_stop_without_cluster(ipython, capsys):
         ("start --backend foo", r"--backend: invalid choice: 'foo'"),
         ("start --strategy foo", r"--strategy: invalid choice"),
         ("start -n two", r"argument -n: invalid int value"),
-        ("start --launcher ssh --hosts h1:2", r"%dist start: .*ssh"),
+        ("start --launcher ssh", r"launcher='ssh' .*needs hosts"),
+        (
+            "start --launcher ssh --hosts no-such-host.invalid:2 --timeout 20",
+            r"(?s)%dist start: Cannot start engines.*no-such-host\.invalid: ssh exited with 255"
+            r".*without a password prompt",
+        ),
+        ("start --launcher-option remote_python", r"not KEY=VALUE"),
+        ("start --launcher-option bogus=1", r"\['bogus'\] are not settings.*engine_cmd"),
         ("frobnicate", r"unknown command 'frobnicate'"),
         ("", r"needs a command"),
         ("auto maybe", r"`on` or `off`"),
