@@ -81,8 +81,9 @@ class Cluster:
             `"parameter_server"` is not available yet.
         timeout: Seconds for the engines to start and join the group (and to stop).
         profile_dir: ipyparallel profile directory (default: `$IPYTHONDIR/profile_default`).
-        heartbeat_period: Seconds between the controller's heartbeats (registration waits
-            for one; 10 missed beats unregister an engine).
+        heartbeat_period: Seconds between the controller's heartbeats. Registration waits
+            for one, so a short period starts engines sooner; an engine is unregistered after
+            missing 10 s of beats (at least 10 beats).
         launcher_options: Settings of ipyparallel's engine-set launcher, e.g.
             `{"remote_python": "/opt/venv/bin/python", "ssh_args": ["-p", "2222"]}` for ssh,
             `{"mpi_args": [...]}`, `{"account": "...", "timelimit": "1:00:00"}` for Slurm.
@@ -110,7 +111,7 @@ class Cluster:
         timeout: float = 120.0,
         *,
         profile_dir: str | None = None,
-        heartbeat_period: float = 1.0,
+        heartbeat_period: float = 0.5,
         launcher_options: Mapping[str, Any] | None = None,
     ):
         self._plan: LaunchPlan = make_plan(n, gpus, hosts, launcher, backend, strategy, timeout)
