@@ -37,9 +37,17 @@ from nbdist.cluster.status import EngineInfo
 if TYPE_CHECKING:
     from nbdist.cluster.engines import Cluster
 
-__all__ = ["call_engines"]
+__all__ = [
+    "INTERRUPT_GRACE_S",
+    "Supervisor",
+    "call_engines",
+    "failure_of",
+    "reply_of",
+    "reply_ok",
+]
 
-_INTERRUPT_GRACE_S = 10.0
+INTERRUPT_GRACE_S = 10.0
+"""Seconds interrupted engines get to come back before they count as still busy."""
 _RECHECK_S = 1.0
 _RELEASE_TIMEOUT_S = 10.0
 
@@ -75,17 +83,17 @@ def call_engines(
     engines = cluster.engines
     parts = _submit(cluster.client, engines, entry, payloads, extra)
     for info, part in zip(engines, parts):
-        cluster._track(info.id, part)
-    supervisor = _Supervisor(cluster, engines, parts, what)
+        cluster.track_request(info.id, part)
+    supervisor = Supervisor(cluster, engines, parts, what)
     try:
         finished = supervisor.wait(timeout)
     except KeyboardInterrupt:
         supervisor.interrupt()
-        supervisor.wait(_INTERRUPT_GRACE_S)  # a second Ctrl-C stops waiting at once
+        supervisor.wait(INTERRUPT_GRACE_S)  # a second Ctrl-C stops waiting at once
         raise
     if not finished:
         pending = supervisor.interrupt()
-        supervisor.wait(_INTERRUPT_GRACE_S)
+        supervisor.wait(INTERRUPT_GRACE_S)
         still = [info.rank for info, part in zip(engines, parts) if not part.ready()]
         detail = (
             f" Replica(s) {still} are still busy (blocked outside Python, e.g. in a collective "
@@ -105,12 +113,14 @@ def call_engines(
             "for longer work.",
             pending=tuple(pending),
         )
-    replies = [_reply_of(part) for part in parts]
+    replies = [reply_of(part) for part in parts]
     _print_outputs(parts, engines)
-    failures = [_failure(info, reply) for info, reply in zip(engines, replies) if not _ok(reply)]
+    failures = [
+        failure_of(info, reply) for info, reply in zip(engines, replies) if not reply_ok(reply)
+    ]
     dead = [f.replica for f in failures if f.ename == "EngineError"]
     if dead:
-        cluster._mark_broken(f"the engine(s) of replica(s) {dead} died during {what}")
+        cluster.mark_broken(f"the engine(s) of replica(s) {dead} died during {what}")
     if failures:
         notes = _notes(failures, fn)
         if supervisor.released:
@@ -153,18 +163,20 @@ def _submit(
     ]
 
 
-def _reply_of(part: Any) -> Any:
+def reply_of(part: Any) -> Any:
+    """One engine's reply dict (or the exception ipyparallel raised) from its AsyncResult."""
     value = part.get(return_exceptions=True)
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     return value
 
 
-def _ok(reply: Any) -> bool:
+def reply_ok(reply: Any) -> bool:
+    """True for a reply of an engine-side entry point that succeeded (`{"ok": True, ...}`)."""
     return isinstance(reply, dict) and bool(reply.get("ok"))
 
 
-class _Supervisor:
+class Supervisor:
     """Waits for one call on every engine; releases peers blocked by a failed engine."""
 
     def __init__(self, cluster: Cluster, engines: Sequence[EngineInfo], parts: list[Any], what):
@@ -206,9 +218,9 @@ class _Supervisor:
 
     def _failed_and_idle(self) -> list[tuple[EngineInfo, Any]]:
         return [
-            (info, _reply_of(part))
+            (info, reply_of(part))
             for info, part in zip(self.engines, self.parts)
-            if part.ready() and not _ok(_reply_of(part))
+            if part.ready() and not reply_ok(reply_of(part))
         ]
 
     def _release(self, failed: list[tuple[EngineInfo, Any]]) -> None:
@@ -229,13 +241,14 @@ class _Supervisor:
             answer = answer[0] if isinstance(answer, list) else answer
             if answer.get("left"):
                 self.released.append(info.rank)
-                self.cluster._mark_broken(
+                self.cluster.mark_broken(
                     f"replica {info.rank} failed in {self.what} and left the process group to "
                     f"release replica(s) {answer.get('waiting')} blocked in a collective"
                 )
 
 
-def _failure(info: EngineInfo, reply: Any) -> RemoteFailure:
+def failure_of(info: EngineInfo, reply: Any) -> RemoteFailure:
+    """The `RemoteFailure` of engine `info`, from a failed reply or an ipyparallel error."""
     if isinstance(reply, BaseException):
         ename = str(getattr(reply, "ename", None) or type(reply).__name__)
         evalue = str(getattr(reply, "evalue", None) or reply)

@@ -474,13 +474,14 @@ class Cluster:
             )
         return call_engines(self, entry, payloads, *extra, timeout=timeout, what=what, fn=fn)
 
-    def _track(self, engine_id: int, request: Any) -> None:
+    def track_request(self, engine_id: int, request: Any) -> None:
         """Count `request` (an AsyncResult) as running on the engine until it is answered."""
         pending = self._inflight.setdefault(engine_id, set())
         pending.add(request)
         request.add_done_callback(pending.discard)
 
-    def _mark_broken(self, reason: str) -> None:
+    def mark_broken(self, reason: str) -> None:
+        """Record why the process group is unusable (the first reason is kept) until restart."""
         if self._broken is None:
             self._broken = reason
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from nbdist.cluster import _wire
-from nbdist.cluster.calls import _INTERRUPT_GRACE_S, _failure, _ok, _reply_of, _Supervisor
+from nbdist.cluster.calls import INTERRUPT_GRACE_S, Supervisor, failure_of, reply_of, reply_ok
 from nbdist.cluster.errors import EngineTimeoutError, RemoteError, SerializationError
 from nbdist.errors import WorkerLostError
 from nbdist.values import PerReplica
@@ -189,8 +189,8 @@ def distribute_cell(
     result = client.direct_view(ids).apply_async(run_cell, source, filename)
     parts = list(result.split()) if len(ids) > 1 else [result]
     for info, part in zip(engines, parts):
-        cluster._track(info.id, part)
-    supervisor = _Supervisor(cluster, engines, parts, _WHAT)
+        cluster.track_request(info.id, part)
+    supervisor = Supervisor(cluster, engines, parts, _WHAT)
     streams = _Streams(engines, parts, output)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
@@ -203,7 +203,7 @@ def distribute_cell(
             streams.poll()
             if deadline is not None and time.monotonic() >= deadline:
                 pending = supervisor.interrupt()
-                supervisor.wait(_INTERRUPT_GRACE_S)
+                supervisor.wait(INTERRUPT_GRACE_S)
                 _finish_output(parts, streams)
                 still = [info.rank for info, part in zip(engines, parts) if not part.ready()]
                 detail = (
@@ -219,15 +219,17 @@ def distribute_cell(
                 )
     except KeyboardInterrupt:
         supervisor.interrupt()
-        supervisor.wait(_INTERRUPT_GRACE_S)  # a second Ctrl-C stops waiting at once
+        supervisor.wait(INTERRUPT_GRACE_S)  # a second Ctrl-C stops waiting at once
         _finish_output(parts, streams)
         raise
     _finish_output(parts, streams)
-    replies = [_reply_of(part) for part in parts]
-    failures = [_failure(info, reply) for info, reply in zip(engines, replies) if not _ok(reply)]
+    replies = [reply_of(part) for part in parts]
+    failures = [
+        failure_of(info, reply) for info, reply in zip(engines, replies) if not reply_ok(reply)
+    ]
     died = [f.replica for f in failures if f.ename == "EngineError"]
     if died:
-        cluster._mark_broken(f"the engine(s) of replica(s) {died} died during {_WHAT}")
+        cluster.mark_broken(f"the engine(s) of replica(s) {died} died during {_WHAT}")
     if failures:
         notes = []
         if died:
