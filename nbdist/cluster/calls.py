@@ -76,10 +76,12 @@ def call_engines(
         The reply dicts in replica order, each `"value"` unpickled.
 
     Raises:
+        WorkerLostError: an engine is dead (nothing was sent).
         RemoteError: one or more engines failed.
         EngineTimeoutError: not every engine finished within `timeout`.
         SerializationError: a result cannot be unpickled here.
     """
+    cluster.require_alive(what)
     engines = cluster.engines
     parts = _submit(cluster.client, engines, entry, payloads, extra)
     for info, part in zip(engines, parts):

@@ -31,6 +31,7 @@ from nbdist.cluster.plan import LaunchPlan, make_plan
 from nbdist.cluster.processes import KILL_GRACE_S, ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
+from nbdist.errors import WorkerLostError
 from nbdist.values import PerReplica
 
 __all__ = ["Cluster"]
@@ -307,7 +308,11 @@ class Cluster:
 
     def __repr__(self) -> str:
         plan = self._plan
-        kind = f"GPU engine(s) {list(plan.gpus)}" if plan.gpus else "CPU engine(s)"
+        kind = {
+            "gpu": f"GPU engine(s) {list(plan.gpus or ())}",
+            "auto": "engine(s) on GPUs where their hosts have them",
+            "cpu": "CPU engine(s)",
+        }[plan.device_kind]
         ids = f", engines {[e.id for e in self._engines]}" if self._engines else ""
         state = "running, process group broken" if self._broken else self._state
         return (
@@ -336,7 +341,11 @@ class Cluster:
         if not settings.engines_first:
             self._ipp.start_controller_sync()
         for count, environment in plan.engine_sets():
-            env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+            env = {
+                "OMP_NUM_THREADS": str(threads),
+                "MKL_NUM_THREADS": str(threads),
+                "MPLBACKEND": "Agg",  # engines have no screen; %%distribute shows figures
+            }
             env.update(environment)
             try:
                 self._ipp.start_engines_sync(n=count, environment=env)
@@ -479,6 +488,21 @@ class Cluster:
         pending = self._inflight.setdefault(engine_id, set())
         pending.add(request)
         request.add_done_callback(pending.discard)
+
+    def require_alive(self, what: str, fix: str = "cluster.restart()") -> None:
+        """Raise `WorkerLostError` naming the dead engines' replicas before sending `what`.
+
+        A request to a dead engine would never be answered (ipyparallel also refuses to
+        address an unregistered engine), so calls check first and name the fix.
+        """
+        dead = tuple(row.rank for row in self.status() if row.state == "dead")
+        if dead:
+            raise WorkerLostError(
+                f"The engine(s) of replica(s) {list(dead)} are dead (their process exited), so "
+                f"{what} was not run. Run {fix} to start fresh engines (engine state is lost), "
+                "then run it again.",
+                missing=dead,
+            )
 
     def mark_broken(self, reason: str) -> None:
         """Record why the process group is unusable (the first reason is kept) until restart."""

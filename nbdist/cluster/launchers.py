@@ -131,7 +131,10 @@ def ipyparallel_settings(
     config = Config()
     config.ControllerLauncher.connection_info_timeout = float(plan.timeout)
     section = config[launcher_class]
-    remote_hosts = plan.hosts is not None and not all(is_loopback(h) for h, _ in plan.hosts)
+    if plan.launcher == "slurm":  # srun places engines on the allocation's nodes
+        remote_hosts = not plan.hosts or not all(is_loopback(h) for h, _ in plan.hosts)
+    else:
+        remote_hosts = plan.hosts is not None and not all(is_loopback(h) for h, _ in plan.hosts)
     controller_ip = "*" if remote_hosts else "127.0.0.1"
     engine_cmd = [sys.executable, "-m", ENGINE_MODULE]
     engine_args: list[str] = []

@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 from nbdist.cluster import _wire
 from nbdist.cluster.calls import INTERRUPT_GRACE_S, Supervisor, failure_of, reply_of, reply_ok
 from nbdist.cluster.errors import EngineTimeoutError, RemoteError, SerializationError
-from nbdist.errors import WorkerLostError
 from nbdist.values import PerReplica
 
 if TYPE_CHECKING:
     from nbdist.cluster.engines import Cluster
     from nbdist.cluster.status import EngineInfo
 
-__all__ = ["OUTPUT_MODES", "distribute_cell", "python_source", "run_cell"]
+__all__ = ["OUTPUT_MODES", "distribute_cell", "python_source", "run_cell", "show_figures"]
 
 OUTPUT_MODES = ("all", "first", "none")
 _POLL_S = 0.2
@@ -59,7 +58,10 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
             last = ast.Expression(tree.body.pop().value)
         exec(compile(tree, filename, "exec"), namespace)
         value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
+        show_figures()
     except BaseException as error:  # reported to the notebook, never raised here
+        with contextlib.suppress(Exception):
+            show_figures()  # what was drawn before the error, as a notebook shows it
         return _wire.failure(error, "cell")
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -82,6 +84,31 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
     return {"ok": True, "value": data, "elapsed": time.perf_counter() - start}
 
 
+def show_figures() -> None:
+    """Display the open matplotlib figures as PNG images and close them (like `inline`).
+
+    The engines draw with the Agg backend; `display` publishes each image, ipyparallel
+    collects it with the request's outputs, and the notebook republishes it.
+    """
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    numbers = pyplot.get_fignums()
+    if not numbers:
+        return
+    import io
+
+    from IPython.display import Image, display
+
+    try:
+        for number in numbers:
+            buffer = io.BytesIO()
+            pyplot.figure(number).savefig(buffer, format="png", bbox_inches="tight")
+            display(Image(data=buffer.getvalue(), format="png"))
+    finally:
+        pyplot.close("all")
+
+
 def _silenced(code: str) -> bool:
     """IPython's rule: a cell ending in `;` displays nothing."""
     lines = [line for line in code.rstrip().splitlines() if not line.lstrip().startswith("#")]
@@ -97,7 +124,8 @@ def python_source(cell: str) -> str:
 
 
 class _Streams:
-    """Prints what each engine printed, line by line, prefixed by its replica id."""
+    """Prints what each engine printed, line by line, prefixed by its replica id, and
+    republishes what it displayed (plots, HTML) as it arrives."""
 
     def __init__(self, engines: Sequence[EngineInfo], parts: list[Any], mode: str):
         self.engines = list(engines)
@@ -105,6 +133,7 @@ class _Streams:
         self.mode = mode
         self.seen: dict[tuple[int, str], int] = {}
         self.pending: dict[tuple[int, str], str] = {}
+        self.displayed: dict[int, int] = {}
 
     def poll(self, final: bool = False) -> None:
         if self.mode == "none":
@@ -128,6 +157,27 @@ class _Streams:
                     print(f"[{info.rank}] {line}", file=stream)
                 if lines:
                     stream.flush()
+            self._republish(info.rank, part)
+
+    def _republish(self, rank: int, part: Any) -> None:
+        from IPython.display import publish_display_data
+
+        outputs = _display_outputs(part)
+        for output in outputs[self.displayed.get(rank, 0) :]:
+            data = output.get("data") or {}
+            if data:
+                publish_display_data(data, output.get("metadata") or {})
+        self.displayed[rank] = len(outputs)
+
+
+def _display_outputs(part: Any) -> list[dict[str, Any]]:
+    try:
+        outputs = part.outputs
+    except Exception:
+        return []
+    if outputs and isinstance(outputs[0], list):  # a multi-engine result: one list per engine
+        outputs = outputs[0]
+    return list(outputs or [])
 
 
 def _stream_text(part: Any, name: str) -> str:
@@ -170,14 +220,7 @@ def distribute_cell(
     if targets is not None:
         by_rank = {info.rank: info for info in engines}
         engines = [by_rank[rank] for rank in targets]
-    dead = [row.rank for row in cluster.status() if row.state == "dead"]
-    if dead:
-        raise WorkerLostError(
-            f"The engine(s) of replica(s) {dead} are dead (their process exited), so the cell "
-            "was not run. Run `%dist restart` to start fresh engines (engine state is lost), "
-            "then run the cell again.",
-            missing=tuple(dead),
-        )
+    cluster.require_alive("the cell", fix="`%dist restart`")
     if cluster.broken:
         print(
             f"Warning: the engines' process group is unusable ({cluster.broken}); collectives "

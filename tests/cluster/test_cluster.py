@@ -9,6 +9,8 @@ which makes them behave as if defined in a notebook: their global names (`nd`, `
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -28,7 +30,7 @@ from nbdist.cluster import (
     remote,
 )
 from nbdist.cluster.plan import make_plan
-from nbdist.errors import NbdistError
+from nbdist.errors import NbdistError, WorkerLostError
 
 pytestmark = pytest.mark.cluster
 
@@ -387,5 +389,15 @@ def test_lifecycle(tmp_path, monkeypatch):
         with pytest.raises(RemoteError, match="name 'remembered' is not defined"):  # fresh
             cluster.strategy.run(recall)
         second_pids = cluster.processes
+        # An engine killed between calls: the next call names it instead of waiting.
+        victim = cluster.engines[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while cluster.status().alive:
+            assert time.monotonic() < deadline, "status never showed the killed engine"
+            time.sleep(0.05)  # polling the status under a deadline
+        assert [row.state for row in cluster.status()] == ["alive", "dead"]
+        with pytest.raises(WorkerLostError, match=r"replica\(s\) \[1\] are dead.*restart\(\)"):
+            cluster.strategy.run(replica_sums)
     assert not cluster.running and cluster.engines == ()
     assert_processes_gone(second_pids)
