@@ -155,7 +155,7 @@ def ipyparallel_settings(
     elif plan.launcher == "mpi":
         section.mpi_args = _mpi_args(plan) + list((options or {}).get("mpi_args", []))
     elif plan.launcher == "slurm":
-        section.batch_template = _slurm_template(plan)
+        section.batch_template = _slurm_template(plan, str((options or {}).get("options", "")))
     section.engine_cmd = engine_cmd
     section.engine_args = engine_args
     for key, value in (options or {}).items():
@@ -323,8 +323,11 @@ def _mpi_args(plan: LaunchPlan) -> list[str]:
     return args
 
 
-def _slurm_template(plan: LaunchPlan) -> str:
+def _slurm_template(plan: LaunchPlan, extra: str = "") -> str:
+    """The engines' batch script; `extra` is more `sbatch` options (`options`), one line."""
     lines = [_SLURM_TEMPLATE.rstrip("\n")]
+    if extra.strip():
+        lines.append(f"#SBATCH {extra.strip()}")
     if plan.hosts:
         counts = {count for _, count in plan.hosts}
         if len(counts) != 1:

@@ -72,7 +72,16 @@ def test_engines_run_nbdist_entry_point_and_slurm_places_them_on_the_hosts():
     assert "#SBATCH --ntasks={n}" in template and template.endswith("srun {program_and_args}\n")
     assert "--gpus-per-task" not in template
     assert settings.controller_ip == "*"  # engines on other machines must reach it
-    gpu_job = ipyparallel_settings(make_plan(n=4, launcher="slurm", gpus="all"), heartbeat_ms=1000)
+    gpu_job = ipyparallel_settings(
+        make_plan(n=4, launcher="slurm", gpus="all"),
+        heartbeat_ms=1000,
+        options={"options": "--mem=4G", "account": "proj"},
+    )
+    assert gpu_job.controller_ip == "*"  # srun runs the engines on the allocation's nodes
+    assert (
+        "#SBATCH --mem=4G\n"
+        in gpu_job.cluster_kwargs["config"].SlurmEngineSetLauncher.batch_template
+    )
     assert (
         "#SBATCH --gpus-per-task=1"
         in gpu_job.cluster_kwargs["config"].SlurmEngineSetLauncher.batch_template
