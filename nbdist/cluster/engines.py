@@ -359,22 +359,29 @@ class Cluster:
         self._record_processes()
 
     def _wait_for_registration(self, deadline: float) -> None:
-        """Wait until every engine has registered; fail at once when an engine process exits."""
+        """Wait until every engine has registered; fail at once when an engine process exits.
+
+        ipyparallel learns that a launched process exited in a thread that hands the news to
+        its event loop, which runs only inside its `*_sync` calls; so the exit is read here
+        from that thread having ended.
+        """
         plan = self._plan
-        exited: list[dict[str, Any]] = []
+        launchers = []
         for engine_set in self._ipp.engines.values():
-            launchers = list(getattr(engine_set, "launchers", {}).values()) or [engine_set]
-            for launcher in launchers:
-                launcher.on_stop(exited.append)
-        waiting = self._client.wait_for_engines(plan.n, timeout=_remaining(deadline), block=False)
+            launchers += list(getattr(engine_set, "launchers", {}).values()) or [engine_set]
+        waiting = self._client.wait_for_engines(
+            plan.n, timeout=_remaining(deadline), block=False
+        )
         while True:
             try:
                 waiting.result(timeout=_POLL_S)
                 return
             except TimeoutError:  # not yet (or ipyparallel's own wait timed out: done())
-                if exited:
+                exited = [launcher for launcher in launchers if _has_exited(launcher)]
+                if exited and not waiting.done():
+                    names = ", ".join(str(getattr(x, "identifier", "?")) for x in exited)
                     raise ClusterStartError(
-                        f"An engine process exited before registering ({exited[0]}); "
+                        f"Engine process(es) {names} exited before registering; "
                         f"{len(self._client.ids)} of {plan.n} engine(s) registered. "
                         f"{_ENGINE_EXIT_HINT[plan.launcher]}"
                     ) from None
@@ -570,11 +577,11 @@ class Cluster:
         """The last lines the controller and engines printed (for start errors)."""
         chunks = []
         with contextlib.suppress(Exception):
-            if self._ipp is not None and self._ipp.controller is not None:
-                chunks.append(("controller's", self._ipp.controller.get_output()))
-        with contextlib.suppress(Exception):
             for engine_set in list(self._ipp.engines.values()) if self._ipp else []:
                 chunks.append(("engines'", engine_set.get_output()))
+        with contextlib.suppress(Exception):
+            if self._ipp is not None and self._ipp.controller is not None:
+                chunks.append(("controller's", self._ipp.controller.get_output()))
         lines = []
         for name, text in chunks:
             tail = [line for line in (text or "").splitlines() if line.strip()][-_OUTPUT_TAIL:]
@@ -589,6 +596,13 @@ def _register_atexit() -> None:
     if not _atexit_registered:
         atexit.register(_stop_all_at_exit)
         _atexit_registered = True
+
+
+def _has_exited(launcher: Any) -> bool:
+    """True once the thread in which an ipyparallel launcher waits for its process has ended
+    (local processes, mpiexec, and engines watched over ssh); False where there is none."""
+    thread = getattr(launcher, "_wait_thread", None)
+    return thread is not None and not thread.is_alive()
 
 
 def _launch_failure(plan: LaunchPlan, error: BaseException) -> str:

@@ -169,7 +169,7 @@ def ipyparallel_settings(
         "controller_args": [
             f"--HeartMonitor.period={int(heartbeat_ms)}",
             # tolerate 10 s without a beat whatever the period (at least ipyparallel's 10)
-            f"--HeartMonitor.max_heartbeat_misses={max(10, math.ceil(10_000 / heartbeat_ms))}",
+            f"--HeartMonitor.max_heartmonitor_misses={max(10, math.ceil(10_000 / heartbeat_ms))}",
         ],
         "delay": 0.0,
         "engine_timeout": math.ceil(plan.timeout),

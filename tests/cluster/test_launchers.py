@@ -114,6 +114,20 @@ def test_mpi_settings_name_the_hosts():
     assert "CUDA_VISIBLE_DEVICES" in args  # forwarded to the other hosts: gpus='none'
 
 
+# -- local -------------------------------------------------------------------------------------
+def test_an_engine_that_exits_at_start_fails_the_start_at_once(ipython_dir):
+    refuse = [sys.executable, "-c", "raise SystemExit('engine refuses to start')"]
+    cluster = Cluster(n=2, timeout=60, launcher_options={"engine_cmd": refuse})
+    begin = time.perf_counter()
+    with pytest.raises(ClusterStartError) as info:
+        cluster.start()
+    assert time.perf_counter() - begin < 30  # not the 60 s registration timeout
+    message = str(info.value)
+    assert "exited before registering" in message
+    assert "engine refuses to start" in message  # the engines' own output
+    assert not cluster.running and cluster.processes == ()
+
+
 # -- MPI ---------------------------------------------------------------------------------------
 def test_mpi_launcher_starts_engines_in_one_group(ipython_dir):
     require(shutil.which("mpiexec") is not None, "mpiexec (openmpi-bin)")
