@@ -20,7 +20,7 @@ import logging
 import socket
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nbdist.cluster import _engine_side, _wire
@@ -142,6 +142,7 @@ class Cluster:
         self._broken: str | None = None
         self._inflight: dict[int, set[Any]] = {}  # engine id -> requests not answered yet
         self._strategy = EngineStrategy(self)
+        self._progress: Callable[[str], None] = _quiet
         self.start_seconds: float | None = None
         """Seconds the last `start()` took until every engine had its strategy."""
 
@@ -187,11 +188,15 @@ class Cluster:
         return self._client
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> Cluster:
+    def start(self, progress: Callable[[str], None] | None = None) -> Cluster:
         """Start the controller and engines, and give every engine its strategy.
 
         Returns when every engine has joined the process group, or raises within `timeout`
         seconds having stopped whatever it started. Does nothing if already running.
+
+        Args:
+            progress: Called with a short line at each stage (hosts checked, engines
+                registered, group joined), e.g. `print`; `%dist start` shows them.
 
         Raises:
             EngineTimeoutError: (a `TimeoutError`) engines did not register or join in time.
@@ -208,6 +213,7 @@ class Cluster:
         self._state = "starting"
         _running.add(self)
         try:
+            self._progress = progress or _quiet
             self._launch(deadline)
             self._join(deadline)
         except BaseException as error:
@@ -235,10 +241,10 @@ class Cluster:
         self._state = "stopping"
         self._teardown()
 
-    def restart(self) -> Cluster:
+    def restart(self, progress: Callable[[str], None] | None = None) -> Cluster:
         """Stop and start again: fresh engines and a fresh process group (state is lost)."""
         self.stop()
-        return self.start()
+        return self.start(progress)
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -336,6 +342,7 @@ class Cluster:
                 )
             except ConnectionError as error:
                 raise ClusterStartError(str(error)) from None
+            self._progress(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
         self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
         threads = max(1, _cores() // plan.n)
         if not settings.engines_first:
@@ -372,11 +379,17 @@ class Cluster:
         waiting = self._client.wait_for_engines(
             plan.n, timeout=_remaining(deadline), block=False
         )
+        registered = 0
         while True:
             try:
                 waiting.result(timeout=_POLL_S)
+                self._progress(f"{plan.n}/{plan.n} engines registered")
                 return
             except TimeoutError:  # not yet (or ipyparallel's own wait timed out: done())
+                if len(self._client.ids) > registered:
+                    registered = len(self._client.ids)
+                    if registered < plan.n:
+                        self._progress(f"{registered}/{plan.n} engines registered")
                 exited = [launcher for launcher in launchers if _has_exited(launcher)]
                 if exited and not waiting.done():
                     names = ", ".join(str(getattr(x, "identifier", "?")) for x in exited)
@@ -436,6 +449,8 @@ class Cluster:
         from ipyparallel.client.asyncresult import AsyncResult
 
         booted = self._wait_start(AsyncResult.join(*results), deadline, "joining the group")
+        backend = booted[0].get("backend", "?") if booted else "?"
+        self._progress(f"{plan.n} engines joined one torch.distributed group ({backend})")
         self._engines = tuple(
             EngineInfo(
                 id=engine_id,
@@ -596,6 +611,10 @@ def _register_atexit() -> None:
     if not _atexit_registered:
         atexit.register(_stop_all_at_exit)
         _atexit_registered = True
+
+
+def _quiet(line: str) -> None:
+    """The default `progress` of `Cluster.start`: say nothing."""
 
 
 def _has_exited(launcher: Any) -> bool:

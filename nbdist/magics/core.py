@@ -70,6 +70,10 @@ def _start_parser() -> _Parser:
     return parser
 
 
+def _print_progress(line: str) -> None:
+    print(f"  {line}", flush=True)
+
+
 def _launcher_options(items: list[str]) -> dict[str, Any] | None:
     """`["remote_python=/x/python", "ssh_args=['-p', '2222']"]` → a dict (values as literals
     where they parse as Python literals, else as strings)."""
@@ -160,7 +164,7 @@ class DistMagics(Magics):
             )
         print(f"Starting {cluster.num_engines} engine(s)…", flush=True)
         try:
-            cluster.start()
+            cluster.start(progress=_print_progress)
         except (ClusterStartError, EngineTimeoutError) as error:
             # Everything started was stopped; the message names the cause and the fix.
             raise UsageError(f"%dist start: {error}") from None
@@ -197,7 +201,10 @@ class DistMagics(Magics):
         if self.cluster is None:
             raise UsageError("%dist restart: no cluster to restart. Start one: `%dist start`.")
         print(f"Restarting {self.cluster.num_engines} engine(s) (engine state is lost)…")
-        self.cluster.restart()
+        try:
+            self.cluster.restart(progress=_print_progress)
+        except (ClusterStartError, EngineTimeoutError) as error:
+            raise UsageError(f"%dist restart: {error}") from None
         print(f"Restarted in {self.cluster.start_seconds:.1f} s.")
         self._print_status()
 
