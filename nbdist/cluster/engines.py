@@ -377,7 +377,7 @@ class Cluster:
         for engine_set in self._ipp.engines.values():
             launchers += list(getattr(engine_set, "launchers", {}).values()) or [engine_set]
         waiting = self._client.wait_for_engines(
-            plan.n, timeout=_remaining(deadline), block=False
+            plan.n, timeout=_remaining(deadline), block=False, interactive=False
         )
         registered = 0
         while True:
