@@ -314,7 +314,8 @@ def _mpi_args(plan: LaunchPlan) -> list[str]:
     elif flavour == "openmpi" and plan.n > (os.cpu_count() or 1):
         args.append("--oversubscribe")  # more engines than cores on this machine, as asked
     environment = dict(plan.engine_sets()[0][1])
-    if plan.hosts and environment:
+    environment["MPLBACKEND"] = "Agg"  # set for every engine set by Cluster; forward it too
+    if plan.hosts:
         if flavour == "mpich":
             args += ["-genvlist", ",".join(environment)]
         else:
