@@ -23,6 +23,7 @@ __all__ = [
     "call",
     "call_steps",
     "describe",
+    "failure_reply",
     "fetch",
     "release_peers",
     "store",
@@ -145,7 +146,7 @@ def call(payload: bytes) -> dict[str, Any]:
 
         value = strategy.run(replica_fn)
     except BaseException as error:  # reported to the notebook, never raised here
-        return _wire.failure(error, "run")
+        return failure_reply(error, "run")
     return _reply(value, start)
 
 
@@ -178,7 +179,7 @@ def call_steps(payload: bytes, steps: int) -> dict[str, Any]:
             value = strategy.run(fn, args=(batch,))
             done += 1
     except BaseException as error:
-        reply = _wire.failure(error, f"step {done + 1}")
+        reply = failure_reply(error, f"step {done + 1}")
         reply["steps"] = done
         return reply
     reply = _reply(value, start)
@@ -216,19 +217,68 @@ def release_peers(reason: str) -> dict[str, Any]:
     Called by the notebook on an engine whose function failed while others still run (Note
     [Releasing blocked peers] in `calls`). Peers that have entered more collectives than this
     engine wait for it in vain; publishing the failure and leaving the group fails their
-    collective at once with an error naming this engine. Returns `{"waiting": [...], "left":
-    bool}`.
+    collective at once with an error naming this engine. Peers blocked in a `torch.distributed`
+    call of their own (Note [Raw collectives] in `nbdist.collectives.torch_dist`) are released
+    only when this process closes its connections: if they are still blocked a moment after
+    leaving, this engine exits. Returns `{"waiting": [...], "left": bool, "exiting": bool}`.
     """
     strategy = _state["strategy"]
     group = getattr(strategy, "_group", None)
     if group is None or _state.get("left"):
-        return {"waiting": [], "left": False}
+        return {"waiting": [], "left": False, "exiting": False}
     waiting = group.peers_waiting()
     if not waiting:
-        return {"waiting": [], "left": False}
+        return {"waiting": [], "left": False, "exiting": False}
+    raw = group.peers_in_raw_collective()
     group.abort(reason)
     _state["left"] = reason
-    return {"waiting": waiting, "left": True}
+    if raw:
+        import threading
+
+        threading.Thread(
+            target=_exit_unless_released, args=(group, raw), name="nbdist-release", daemon=True
+        ).start()
+    return {"waiting": waiting, "left": True, "exiting": bool(raw)}
+
+
+_RELEASE_GRACE_S = 3.0
+
+
+def _exit_unless_released(group: Any, ranks: list[int]) -> None:
+    """Exit this engine if `ranks` are still inside their torch.distributed call after a grace
+    period (its connections close with the process, which fails their call)."""
+    deadline = time.monotonic() + _RELEASE_GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.25)  # heartbeats arrive every 0.5 s; nothing to wait on but time
+        with contextlib.suppress(Exception):
+            if not set(ranks) & set(group.peers_in_raw_collective()):
+                return
+    os._exit(70)
+
+
+def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
+    """`_wire.failure`, knowing one more consequence: a `torch.distributed` call the user made
+    directly that failed because a peer that failed left the group (Note [Raw collectives] in
+    `nbdist.collectives.torch_dist`) is secondary, and its message names that peer."""
+    reply = _wire.failure(error, stage)
+    if reply["secondary"]:
+        return reply
+    from nbdist.collectives.torch_dist import raised_in_torch_distributed
+
+    group = getattr(_state["strategy"], "_group", None)
+    if group is None or not raised_in_torch_distributed(error):
+        return reply
+    with contextlib.suppress(Exception):
+        failures = group.peer_failures()
+        if failures:
+            rank, message = min(failures.items())
+            reply["secondary"] = True
+            reply["evalue"] = (
+                f"released from a torch.distributed call because replica {rank} failed "
+                f"({message}); the process group is unusable until a restart. Original error: "
+                f"{reply['evalue']}"
+            )
+    return reply
 
 
 # -- helpers -------------------------------------------------------------------------------

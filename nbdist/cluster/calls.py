@@ -243,9 +243,15 @@ class Supervisor:
             answer = answer[0] if isinstance(answer, list) else answer
             if answer.get("left"):
                 self.released.append(info.rank)
+                exits = (
+                    "; its engine exits to release them from a torch.distributed call of "
+                    "their own"
+                    if answer.get("exiting")
+                    else ""
+                )
                 self.cluster.mark_broken(
                     f"replica {info.rank} failed in {self.what} and left the process group to "
-                    f"release replica(s) {answer.get('waiting')} blocked in a collective"
+                    f"release replica(s) {answer.get('waiting')} blocked in a collective{exits}"
                 )
 
 

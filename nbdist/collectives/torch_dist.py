@@ -11,6 +11,15 @@ Note [Naming the missing rank]: each rank publishes a heartbeat (time and how ma
 it has entered) to the rendezvous store from a background thread. When a collective fails or
 times out, the survivors read the heartbeats and name the ranks that died, failed or never
 arrived.
+
+Note [Raw collectives]: user code may call `torch.distributed` directly (`dist.all_reduce` in
+a notebook cell). Those calls are not counted, so the heartbeat also says whether the main
+thread is inside `torch.distributed` right now other than through this module (read from its
+Python stack). A rank that failed then knows its peers wait for it there too. Leaving the
+group (`abort`) fails their calls at once only if the process group is really freed: gloo has
+no abort that closes its connections, and any object still holding the group keeps them open.
+A rank that must release peers from such a call therefore exits its process when they are still
+blocked a moment later (see `nbdist.cluster._engine_side.release_peers`).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import contextlib
 import hashlib
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +47,7 @@ from nbdist.errors import (
 from nbdist.reduce import ReduceOp
 from nbdist.telemetry import Telemetry
 
-__all__ = ["DistGroup"]
+__all__ = ["DistGroup", "raised_in_torch_distributed"]
 
 _SIGNATURE_WIDTH = 64
 _MAX_DESCRIBED = 5
@@ -134,8 +144,9 @@ class DistGroup:
             self._stop.wait(0.01)
 
     def _beat_once(self) -> None:
+        raw = int(_in_raw_collective(threading.main_thread().ident))
         self._heartbeat_store.set(
-            f"{self._prefix}/hb/{self.rank}", f"{time.time():.3f} {self._entered}"
+            f"{self._prefix}/hb/{self.rank}", f"{time.time():.3f} {self._entered} {raw}"
         )
 
     def _beat(self) -> None:
@@ -153,13 +164,16 @@ class DistGroup:
             )
 
     def peers_waiting(self) -> list[int]:
-        """Ranks that have entered more collectives than this one (they wait for it)."""
+        """Ranks that wait for this one: they entered more collectives than it has, or are
+        inside a `torch.distributed` call of their own (Note [Raw collectives])."""
+
+        def waits(beat: str) -> bool:
+            fields = beat.split()
+            raw = len(fields) > 2 and fields[2] == "1"
+            return int(fields[1]) > self._entered or raw
+
         beats = self._read_heartbeats()
-        return sorted(
-            rank
-            for rank, beat in beats.items()
-            if beat is not None and int(beat.split()[1]) > self._entered
-        )
+        return sorted(rank for rank, beat in beats.items() if beat is not None and waits(beat))
 
     def abort(self, reason: str) -> None:
         """Publish `reason` and leave the group, so peers blocked waiting for this rank fail
@@ -167,6 +181,24 @@ class DistGroup:
         self.publish_failure(reason)
         self._broken = reason
         self.shutdown()
+
+    def peers_in_raw_collective(self) -> list[int]:
+        """Ranks whose main thread is inside a `torch.distributed` call of their own now."""
+        beats = self._read_heartbeats()
+        return sorted(r for r, beat in beats.items() if beat and beat.split()[2:3] == ["1"])
+
+    def peer_failures(self) -> dict[int, str]:
+        """The failures other ranks published and have not moved past: `{rank: message}`."""
+        beats = self._read_heartbeats()
+        found = {}
+        for r in range(self.world_size):
+            if r != self.rank:
+                failed = _current_failure(
+                    self._read_key(f"{self._prefix}/failed/{r}"), beats.get(r)
+                )
+                if failed is not None:
+                    found[r] = failed
+        return found
 
     def _diagnose(self, what: str, error: BaseException) -> Exception:
         """Name the ranks that did not take part in the failed collective `what`."""
@@ -477,6 +509,35 @@ class DistGroup:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self._owns_group = False
+
+
+_C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
+
+
+def _in_raw_collective(thread_id: int | None) -> bool:
+    """True when thread `thread_id` (None: the main thread) is inside a `torch.distributed`
+    call that did not come through this module (Note [Raw collectives])."""
+    ident = threading.main_thread().ident if thread_id is None else thread_id
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    inside = False
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename == __file__:
+            return False  # one of nbdist's collectives: counted in the heartbeat already
+        if filename.endswith(_C10D_FILE):
+            inside = True
+        frame = frame.f_back
+    return inside
+
+
+def raised_in_torch_distributed(error: BaseException) -> bool:
+    """True when `error` came out of a `torch.distributed` call (its traceback passes there)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(_C10D_FILE):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _current_failure(notice: str | None, heartbeat: str | None) -> str | None:

@@ -62,7 +62,9 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
     except BaseException as error:  # reported to the notebook, never raised here
         with contextlib.suppress(Exception):
             show_figures()  # what was drawn before the error, as a notebook shows it
-        return _wire.failure(error, "cell")
+        from nbdist.cluster._engine_side import failure_reply
+
+        return failure_reply(error, "cell")
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

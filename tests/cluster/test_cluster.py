@@ -121,6 +121,17 @@ def fail_before_collective():
     return ctx.all_reduce("sum", torch.tensor(1.0))
 
 
+@interactive
+def fail_before_raw_collective():
+    import torch.distributed as dist
+
+    if nd.get_replica_context().replica_id_in_sync_group == 1:
+        raise ValueError("replica 1 gives up before a raw all_reduce")
+    total = torch.ones(1)
+    dist.all_reduce(total)  # called directly, not through nbdist
+    return total
+
+
 # -- construction (no engines) -----------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kwargs", "error", "words"),
@@ -388,6 +399,15 @@ def test_lifecycle(tmp_path, monkeypatch):
         assert cluster.strategy.run(replica_sums)[2].values == (0, 1)
         with pytest.raises(RemoteError, match="name 'remembered' is not defined"):  # fresh
             cluster.strategy.run(recall)
+        # The same with a torch.distributed call of the user's own (Note [Raw collectives]).
+        begin = time.perf_counter()
+        with pytest.raises(RemoteError) as info:
+            cluster.strategy.run(fail_before_raw_collective)
+        assert time.perf_counter() - begin < 30
+        assert info.value.first.replica == 1 and "raw all_reduce" in info.value.first.evalue
+        assert info.value.replicas == (0, 1) and cluster.broken is not None
+        cluster.restart()
+        assert cluster.strategy.run(replica_sums)[2].values == (0, 1)
         second_pids = cluster.processes
         # An engine killed between calls: the next call names it instead of waiting.
         victim = cluster.engines[1]

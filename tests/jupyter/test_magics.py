@@ -281,6 +281,33 @@ def test_dashboard_placeholder(dist_shell, capsys):
     assert "dashboards come with a later issue" in capsys.readouterr().out
 
 
+def test_a_raw_collective_is_released_when_its_peer_fails(dist_shell):
+    """A cell calling torch.distributed itself: replica 1 fails before the all_reduce, replica
+    0 waits in it. Replica 0 is released within seconds, not after the group's timeout (the
+    module's earlier cells keep the process group referenced, so replica 1's engine exits to
+    close its connections); `%dist restart` recovers."""
+    cell = (
+        "import torch.distributed as dist\n"
+        "if dist.get_rank() == 1:\n"
+        "    raise ValueError('replica 1 skips the all_reduce')\n"
+        "total = torch.ones(1)\n"
+        "dist.all_reduce(total)\n"
+        "total"
+    )
+    begin = time.monotonic()
+    with pytest.raises(RemoteError) as info:
+        distribute(dist_shell, cell, line="--timeout 90")
+    assert time.monotonic() - begin < 30
+    error = info.value
+    assert error.first.replica == 1 and "skips the all_reduce" in error.first.evalue
+    assert "%dist restart" in str(error)
+    released = error.failures[0]
+    assert released.replica == 0 and released.secondary
+    assert "because replica 1 failed (ValueError: replica 1 skips" in released.evalue
+    dist_shell.run_line_magic("dist", "restart")
+    assert distribute(dist_shell, "import os\nint(os.environ['RANK'])\n").values == (0, 1)
+
+
 def test_killed_engine_is_shown_named_and_restart_recovers(dist_shell, capsys):
     """Last test of the module: it breaks the cluster, then restarts it."""
     cluster = current_cluster()
