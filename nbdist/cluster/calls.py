@@ -22,7 +22,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbdist.cluster import _engine_side, _wire
@@ -41,6 +41,7 @@ __all__ = [
     "INTERRUPT_GRACE_S",
     "Supervisor",
     "call_engines",
+    "checked_replies",
     "failure_of",
     "reply_of",
     "reply_ok",
@@ -115,23 +116,10 @@ def call_engines(
             "for longer work.",
             pending=tuple(pending),
         )
-    replies = [reply_of(part) for part in parts]
     _print_outputs(parts, engines)
-    failures = [
-        failure_of(info, reply) for info, reply in zip(engines, replies) if not reply_ok(reply)
-    ]
-    dead = [f.replica for f in failures if f.ename == "EngineError"]
-    if dead:
-        cluster.mark_broken(f"the engine(s) of replica(s) {dead} died during {what}")
-    if failures:
-        notes = _notes(failures, fn)
-        if supervisor.released:
-            notes.append(
-                f"Replica(s) {supervisor.released} left the process group to release peers "
-                "blocked in a collective; the group is unusable now. Call cluster.restart() "
-                "before running collectives again."
-            )
-        raise RemoteError(what, failures, len(engines), notes)
+    replies = checked_replies(
+        cluster, engines, parts, supervisor, what, fix="cluster.restart()", hints=_notes(fn)
+    )
     for info, reply in zip(engines, replies):
         try:
             reply["value"] = _wire.loads(reply["value"])
@@ -280,22 +268,61 @@ def failure_of(info: EngineInfo, reply: Any) -> RemoteFailure:
     )
 
 
-def _notes(failures: list[RemoteFailure], fn: Any) -> list[str]:
+def checked_replies(
+    cluster: Cluster,
+    engines: Sequence[EngineInfo],
+    parts: list[Any],
+    supervisor: Supervisor,
+    what: str,
+    *,
+    fix: str,
+    hints: Callable[[list[RemoteFailure]], list[str]] | None = None,
+) -> list[Any]:
+    """The engines' replies, in replica order, once all have answered; one `RemoteError` for
+    all failed replicas otherwise, with notes on dead engines and a released group naming
+    `fix` (e.g. `"cluster.restart()"`), plus whatever `hints(failures)` adds. An engine that
+    died marks the cluster broken."""
+    replies = [reply_of(part) for part in parts]
+    failures = [
+        failure_of(info, reply) for info, reply in zip(engines, replies) if not reply_ok(reply)
+    ]
+    died = [f.replica for f in failures if f.ename == "EngineError"]
+    if died:
+        cluster.mark_broken(f"the engine(s) of replica(s) {died} died during {what}")
+    if not failures:
+        return replies
+    notes = hints(failures) if hints is not None else []
+    if died:
+        notes.append(f"Replica(s) {died} died: run {fix} (engine state is lost).")
+    if supervisor.released:
+        notes.append(
+            f"Replica(s) {supervisor.released} left the process group to release peers "
+            f"blocked in a collective; the group is unusable now. Run {fix} before running "
+            "collectives again."
+        )
+    raise RemoteError(what, failures, len(engines), notes)
+
+
+def _notes(fn: Any) -> Callable[[list[RemoteFailure]], list[str]]:
     """Hints whose fix is in the notebook (a name that exists here but not on the engines)."""
-    known = getattr(fn, "__globals__", None) if _wire.is_namespace_function(fn) else None
-    if not known:
+
+    def hints(failures: list[RemoteFailure]) -> list[str]:
+        known = getattr(fn, "__globals__", None) if _wire.is_namespace_function(fn) else None
+        if not known:
+            return []
+        for failure in failures:
+            if failure.ename != "NameError" or failure.evalue.count("'") < 2:
+                continue
+            name = failure.evalue.split("'")[1]
+            if name in known:
+                return [
+                    f"Note: {name!r} exists in this notebook but not on the engines; functions "
+                    "run there look names up in the engine's namespace. Send it with "
+                    f"cluster.push({{{name!r}: {name}}}) or define it on the engines."
+                ]
         return []
-    for failure in failures:
-        if failure.ename != "NameError" or failure.evalue.count("'") < 2:
-            continue
-        name = failure.evalue.split("'")[1]
-        if name in known:
-            return [
-                f"Note: {name!r} exists in this notebook but not on the engines; functions "
-                "run there look names up in the engine's namespace. Send it with "
-                f"cluster.push({{{name!r}: {name}}}) or define it on the engines."
-            ]
-    return []
+
+    return hints
 
 
 def _print_outputs(parts: list[Any], engines: Sequence[EngineInfo]) -> None:

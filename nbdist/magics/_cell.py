@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from nbdist.cluster import _wire
-from nbdist.cluster.calls import INTERRUPT_GRACE_S, Supervisor, failure_of, reply_of, reply_ok
-from nbdist.cluster.errors import EngineTimeoutError, RemoteError, SerializationError
+from nbdist.cluster.calls import INTERRUPT_GRACE_S, Supervisor, checked_replies
+from nbdist.cluster.errors import EngineTimeoutError, SerializationError
 from nbdist.values import PerReplica
 
 if TYPE_CHECKING:
@@ -268,24 +268,7 @@ def distribute_cell(
         _finish_output(parts, streams)
         raise
     _finish_output(parts, streams)
-    replies = [reply_of(part) for part in parts]
-    failures = [
-        failure_of(info, reply) for info, reply in zip(engines, replies) if not reply_ok(reply)
-    ]
-    died = [f.replica for f in failures if f.ename == "EngineError"]
-    if died:
-        cluster.mark_broken(f"the engine(s) of replica(s) {died} died during {_WHAT}")
-    if failures:
-        notes = []
-        if died:
-            notes.append(f"Replica(s) {died} died: run `%dist restart` (engine state is lost).")
-        if supervisor.released:
-            notes.append(
-                f"Replica(s) {supervisor.released} left the process group to release peers "
-                "blocked in a collective; the group is unusable now. Run `%dist restart` "
-                "before running collectives again."
-            )
-        raise RemoteError(_WHAT, failures, len(engines), notes)
+    replies = checked_replies(cluster, engines, parts, supervisor, _WHAT, fix="`%dist restart`")
     values = []
     for info, reply in zip(engines, replies):
         try:
