@@ -30,6 +30,15 @@ from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
 from nbdist.cluster.plan import LaunchPlan, make_plan
 from nbdist.cluster.processes import KILL_GRACE_S, ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
+from nbdist.cluster.startup import (
+    launch_failure,
+    output_tail,
+    probe_timeout,
+    quiet,
+    rank_engines,
+    wait_all,
+    wait_for_registration,
+)
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 from nbdist.errors import WorkerLostError
 from nbdist.values import PerReplica
@@ -37,17 +46,6 @@ from nbdist.values import PerReplica
 __all__ = ["Cluster"]
 
 _LOG = logging.getLogger(__name__)
-_OUTPUT_TAIL = 30
-_POLL_S = 0.2  # how often a wait for registration checks whether an engine process exited
-_ENGINE_EXIT_HINT = {
-    "local": "Its output is below.",
-    "mpi": "mpiexec's output is below (an MPI that refuses the launch, or mpi4py missing).",
-    "ssh": (
-        "Check that nbdist is installed for the hosts' Python (pass "
-        "launcher_options={'remote_python': '/path/to/python'}); the output is below."
-    ),
-    "slurm": "The job's output is below (sbatch options, the allocation).",
-}
 _ATTACH = (
     "import nbdist.cluster._engine_side as _nbdist_engine_side\n"
     "_nbdist_engine_side.attach(get_ipython().user_ns)\n"
@@ -142,7 +140,7 @@ class Cluster:
         self._broken: str | None = None
         self._inflight: dict[int, set[Any]] = {}  # engine id -> requests not answered yet
         self._strategy = EngineStrategy(self)
-        self._progress: Callable[[str], None] = _quiet
+        self._progress: Callable[[str], None] = quiet
         self.start_seconds: float | None = None
         """Seconds the last `start()` took until every engine had its strategy."""
 
@@ -213,11 +211,11 @@ class Cluster:
         self._state = "starting"
         _running.add(self)
         try:
-            self._progress = progress or _quiet
+            self._progress = progress or quiet
             self._launch(deadline)
             self._join(deadline)
         except BaseException as error:
-            output = self._output_tail()
+            output = output_tail(self._ipp)
             self._teardown()
             if isinstance(error, (KeyboardInterrupt, ClusterStartError, EngineTimeoutError)):
                 if output and not isinstance(error, KeyboardInterrupt):
@@ -338,7 +336,7 @@ class Cluster:
                     settings,
                     [host for host, _ in plan.hosts],
                     settings.remote_python,
-                    _probe_timeout(deadline),
+                    probe_timeout(deadline),
                 )
             except ConnectionError as error:
                 raise ClusterStartError(str(error)) from None
@@ -357,110 +355,46 @@ class Cluster:
             try:
                 self._ipp.start_engines_sync(n=count, environment=env)
             except Exception as error:
-                raise ClusterStartError(_launch_failure(plan, error)) from error
+                raise ClusterStartError(launch_failure(plan, error)) from error
         if settings.engines_first:
             self._ipp.start_controller_sync()
         self._record_processes()
         self._client = self._ipp.connect_client_sync()
-        self._wait_for_registration(deadline)
+        wait_for_registration(self._ipp, self._client, plan, deadline, self._progress)
         self._record_processes()
-
-    def _wait_for_registration(self, deadline: float) -> None:
-        """Wait until every engine has registered; fail at once when an engine process exits.
-
-        ipyparallel learns that a launched process exited in a thread that hands the news to
-        its event loop, which runs only inside its `*_sync` calls; so the exit is read here
-        from that thread having ended.
-        """
-        plan = self._plan
-        launchers = []
-        for engine_set in self._ipp.engines.values():
-            launchers += list(getattr(engine_set, "launchers", {}).values()) or [engine_set]
-        waiting = self._client.wait_for_engines(
-            plan.n, timeout=_remaining(deadline), block=False, interactive=False
-        )
-        registered = 0
-        while True:
-            try:
-                waiting.result(timeout=_POLL_S)
-                self._progress(f"{plan.n}/{plan.n} engines registered")
-                return
-            except TimeoutError:  # not yet (or ipyparallel's own wait timed out: done())
-                if len(self._client.ids) > registered:
-                    registered = len(self._client.ids)
-                    if registered < plan.n:
-                        self._progress(f"{registered}/{plan.n} engines registered")
-                exited = [launcher for launcher in launchers if _has_exited(launcher)]
-                if exited and not waiting.done():
-                    names = ", ".join(str(getattr(x, "identifier", "?")) for x in exited)
-                    raise ClusterStartError(
-                        f"Engine process(es) {names} exited before registering; "
-                        f"{len(self._client.ids)} of {plan.n} engine(s) registered. "
-                        f"{_ENGINE_EXIT_HINT[plan.launcher]}"
-                    ) from None
-                if waiting.done() or time.monotonic() >= deadline:
-                    break
-        raise EngineTimeoutError(
-            f"Only {len(self._client.ids)} of {plan.n} engines registered within "
-            f"{plan.timeout:g} s. Raise Cluster(timeout=...) on a slow or busy machine"
-            + (
-                f", and check that hosts {[h for h, _ in plan.hosts]} can reach this machine "
-                "(the controller listens on all interfaces)."
-                if plan.hosts
-                else "."
-            ),
-            pending=(plan.n - len(self._client.ids),),
-        )
 
     def _join(self, deadline: float) -> None:
         """Attach, describe and bootstrap every engine (concurrently), in rank order."""
         plan = self._plan
         ids = sorted(self._client.ids)[: plan.n]
         view = self._client.direct_view(ids)
-        self._wait_start(view.execute(_ATTACH, block=False), deadline, "attaching")
-        peer = self._controller_address()
-        described = self._wait_start(
-            view.apply_async(_engine_side.describe, peer), deadline, "describing"
+        wait_all(view.execute(_ATTACH, block=False), deadline, "attaching", plan.timeout)
+        described = wait_all(
+            view.apply_async(_engine_side.describe, self._controller_address()),
+            deadline,
+            "describing",
+            plan.timeout,
         )
-        hosts = list(dict.fromkeys(d["host"] for d in described))
-
-        def order(item: tuple[int, dict[str, Any]]) -> tuple[int, int, int]:
-            engine_id, info = item
-            gpu = info["cuda_visible_devices"]
-            gpu_order = plan.gpus.index(gpu) if plan.gpus and gpu in plan.gpus else 0
-            return (hosts.index(info["host"]), gpu_order, engine_id)
-
-        ranked = sorted(zip(ids, described), key=order)
-        master_port = ranked[0][1]["free_port"]
-        results = []
-        for rank, (engine_id, info) in enumerate(ranked):
-            same_host = [i for i, (_, d) in enumerate(ranked) if d["host"] == info["host"]]
-            config = {
-                "rank": rank,
-                "world_size": plan.n,
-                "local_rank": same_host.index(rank),
-                "local_world_size": len(same_host),
-                "master_addr": ranked[0][1]["address"],
-                "master_port": master_port,
-                "implementation": plan.implementation.value,
-            }
-            target = self._client.direct_view([engine_id])
-            results.append(target.apply_async(_engine_side.bootstrap, config))
+        ranked = rank_engines(plan, ids, described)
+        results = [
+            self._client.direct_view([engine_id]).apply_async(_engine_side.bootstrap, config)
+            for engine_id, _, config in ranked
+        ]
         from ipyparallel.client.asyncresult import AsyncResult
 
-        booted = self._wait_start(AsyncResult.join(*results), deadline, "joining the group")
+        booted = wait_all(AsyncResult.join(*results), deadline, "joining the group", plan.timeout)
         backend = booted[0].get("backend", "?") if booted else "?"
         self._progress(f"{plan.n} engines joined one torch.distributed group ({backend})")
         self._engines = tuple(
             EngineInfo(
                 id=engine_id,
-                rank=rank,
+                rank=config["rank"],
                 host=info["host"],
                 pid=info["pid"],
                 device=boot["device"],
                 gpu=info["cuda_visible_devices"] if plan.gpus else None,
             )
-            for rank, ((engine_id, info), boot) in enumerate(zip(ranked, booted))
+            for (engine_id, info, config), boot in zip(ranked, booted)
         )
 
     def _controller_address(self) -> str:
@@ -469,21 +403,6 @@ class Cluster:
             return "127.0.0.1"
         location = (getattr(self._client, "_config", None) or {}).get("location")
         return str(location or socket.gethostname())
-
-    def _wait_start(self, result: Any, deadline: float, step: str) -> list[Any]:
-        if not result.wait(_remaining(deadline)):
-            raise EngineTimeoutError(
-                f"The engines did not finish {step} within {self._plan.timeout:g} s. Raise "
-                "Cluster(timeout=...) on a slow or busy machine."
-            )
-        values = result.get(return_exceptions=True)
-        errors = [(i, v) for i, v in enumerate(values) if isinstance(v, BaseException)]
-        if errors:
-            lines = [f"{len(errors)} engine(s) failed while {step}:"]
-            for index, error in errors:
-                lines.append(f"--- engine {index}: {_ipp_error_text(error)}")
-            raise ClusterStartError("\n".join(lines))
-        return list(values)
 
     # -- calling --------------------------------------------------------------------------
     def _call(
@@ -588,24 +507,6 @@ class Cluster:
                 "cluster.start() first (or use `with nd.Cluster(...) as cluster:`)."
             )
 
-    def _output_tail(self) -> str:
-        """The last lines the controller and engines printed (for start errors)."""
-        chunks = []
-        with contextlib.suppress(Exception):
-            for engine_set in list(self._ipp.engines.values()) if self._ipp else []:
-                chunks.append(("engines'", engine_set.get_output()))
-        with contextlib.suppress(Exception):
-            if self._ipp is not None and self._ipp.controller is not None:
-                chunks.append(("controller's", self._ipp.controller.get_output()))
-        lines = []
-        for name, text in chunks:
-            tail = [line for line in (text or "").splitlines() if line.strip()][-_OUTPUT_TAIL:]
-            if tail:
-                lines.append(f"--- last lines of the {name} output:")
-                lines.extend(tail)
-        return "\n".join(lines)
-
-
 def _register_atexit() -> None:
     global _atexit_registered
     if not _atexit_registered:
@@ -613,53 +514,5 @@ def _register_atexit() -> None:
         _atexit_registered = True
 
 
-def _quiet(line: str) -> None:
-    """The default `progress` of `Cluster.start`: say nothing."""
-
-
-def _has_exited(launcher: Any) -> bool:
-    """True once the thread in which an ipyparallel launcher waits for its process has ended
-    (local processes, mpiexec, and engines watched over ssh); False where there is none."""
-    thread = getattr(launcher, "_wait_thread", None)
-    return thread is not None and not thread.is_alive()
-
-
-def _launch_failure(plan: LaunchPlan, error: BaseException) -> str:
-    """The message for an engine launcher that failed to start (ssh, mpiexec, sbatch)."""
-    detail = f"{type(error).__name__}: {error}"
-    output = getattr(error, "output", None) or getattr(error, "stderr", None)
-    if isinstance(output, bytes):
-        output = output.decode(errors="replace")
-    if output:
-        detail += f"\n{str(output).strip()}"
-    if plan.launcher == "ssh":
-        hosts = ", ".join(host for host, _ in plan.hosts or ())
-        return (
-            f"Could not start engines over ssh on {hosts}: {detail}\nCheck that each host is "
-            "reachable and that `ssh HOST` logs in without a password prompt (a key in "
-            "ssh-agent or ~/.ssh/config); pass ssh options with "
-            "launcher_options={'ssh_args': [...]}."
-        )
-    return f"ipyparallel's {plan.launcher} launcher could not start the engines: {detail}"
-
-
-def _probe_timeout(deadline: float) -> float:
-    return max(1.0, min(30.0, _remaining(deadline) / 2))
-
-
-def _remaining(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())
-
-
 def _cores() -> int:
     return _engine_side._cores()
-
-
-def _ipp_error_text(error: BaseException) -> str:
-    ename = getattr(error, "ename", type(error).__name__)
-    evalue = getattr(error, "evalue", str(error))
-    tb = getattr(error, "traceback", None)
-    text = f"{ename}: {evalue}"
-    if tb:
-        text += "\n" + "\n".join(str(tb).splitlines()[-_OUTPUT_TAIL:])
-    return text
