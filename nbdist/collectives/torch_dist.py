@@ -7,19 +7,7 @@ fixed-size signature (op, shapes, dtypes) with one small `all_gather`; every ran
 signature and all raise the same clear error. Gradient buckets skip the check: their layout is
 checked once, when the model's scope exits.
 
-Note [Naming the missing rank]: each rank publishes a heartbeat (time and how many collectives
-it has entered) to the rendezvous store from a background thread. When a collective fails or
-times out, the survivors read the heartbeats and name the ranks that died, failed or never
-arrived.
-
-Note [Raw collectives]: user code may call `torch.distributed` directly (`dist.all_reduce` in
-a notebook cell). Those calls are not counted, so the heartbeat also says whether the main
-thread is inside `torch.distributed` right now other than through this module (read from its
-Python stack). A rank that failed then knows its peers wait for it there too. Leaving the
-group (`abort`) fails their calls at once only if the process group is really freed: gloo has
-no abort that closes its connections, and any object still holding the group keeps them open.
-A rank that must release peers from such a call therefore exits its process when they are still
-blocked a moment later (see `nbdist.cluster._engine_side.release_peers`).
+Note [Naming the missing rank] and Note [Raw collectives]: see `nbdist.collectives.liveness`.
 """
 
 from __future__ import annotations
@@ -28,7 +16,6 @@ import contextlib
 import hashlib
 import itertools
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,9 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nbdist.collectives.liveness import C10D_FILE, Liveness
 from nbdist.errors import (
     CollectiveMismatchError,
-    CollectiveTimeoutError,
     RendezvousError,
     WorkerLostError,
 )
@@ -62,7 +49,6 @@ _DIST_OPS = {
     ReduceOp.MAX: dist.ReduceOp.MAX,
     ReduceOp.MIN: dist.ReduceOp.MIN,
 }
-_HEARTBEAT_SECONDS = 0.5
 _INLINE_BYTES = 16 * 1024
 _ROW_WIDTH = _SIGNATURE_WIDTH + _INLINE_BYTES // 8  # int64 words: signature, then inline payload
 
@@ -119,14 +105,14 @@ class DistGroup:
                 timeout=timedelta(seconds=timeout),
             )
             self._owns_group = True
-        self._heartbeat_store = _connect_store(
-            master_addr, master_port, rank, world_size, timeout, client=True
+        self._liveness = Liveness(
+            _connect_store(master_addr, master_port, rank, world_size, timeout, client=True),
+            f"{self._prefix}/",
+            rank,
+            world_size,
+            entered=lambda: self._entered,
         )
-        self._heartbeat = threading.Thread(
-            target=self._beat, name=f"nbdist-heartbeat-{rank}", daemon=True
-        )
-        self._beat_once()
-        self._heartbeat.start()
+        self._liveness.start()
 
     # -- rendezvous and liveness ----------------------------------------------------------
     def _meet(self, timeout: float) -> None:
@@ -143,37 +129,22 @@ class DistGroup:
                 )
             self._stop.wait(0.01)
 
-    def _beat_once(self) -> None:
-        raw = int(_in_raw_collective(threading.main_thread().ident))
-        self._heartbeat_store.set(
-            f"{self._prefix}/hb/{self.rank}", f"{time.time():.3f} {self._entered} {raw}"
-        )
-
-    def _beat(self) -> None:
-        while not self._stop.wait(_HEARTBEAT_SECONDS):
-            try:
-                self._beat_once()
-            except Exception:
-                return
-
     def publish_failure(self, message: str) -> None:
         """Tell the other ranks this one failed (read when their collective fails)."""
-        with contextlib.suppress(Exception):
-            self._heartbeat_store.set(
-                f"{self._prefix}/failed/{self.rank}", f"{self._entered} {message[:500]}"
-            )
+        self._liveness.publish_failure(message)
 
     def peers_waiting(self) -> list[int]:
         """Ranks that wait for this one: they entered more collectives than it has, or are
         inside a `torch.distributed` call of their own (Note [Raw collectives])."""
+        return self._liveness.peers_waiting()
 
-        def waits(beat: str) -> bool:
-            fields = beat.split()
-            raw = len(fields) > 2 and fields[2] == "1"
-            return int(fields[1]) > self._entered or raw
+    def peers_in_raw_collective(self) -> list[int]:
+        """Ranks whose main thread is inside a `torch.distributed` call of their own now."""
+        return self._liveness.peers_in_raw_collective()
 
-        beats = self._read_heartbeats()
-        return sorted(rank for rank, beat in beats.items() if beat is not None and waits(beat))
+    def peer_failures(self) -> dict[int, str]:
+        """The failures other ranks published and have not moved past: `{rank: message}`."""
+        return self._liveness.peer_failures()
 
     def abort(self, reason: str) -> None:
         """Publish `reason` and leave the group, so peers blocked waiting for this rank fail
@@ -182,77 +153,10 @@ class DistGroup:
         self._broken = reason
         self.shutdown()
 
-    def peers_in_raw_collective(self) -> list[int]:
-        """Ranks whose main thread is inside a `torch.distributed` call of their own now."""
-        beats = self._read_heartbeats()
-        return sorted(r for r, beat in beats.items() if beat and beat.split()[2:3] == ["1"])
-
-    def peer_failures(self) -> dict[int, str]:
-        """The failures other ranks published and have not moved past: `{rank: message}`."""
-        beats = self._read_heartbeats()
-        found = {}
-        for r in range(self.world_size):
-            if r != self.rank:
-                failed = _current_failure(
-                    self._read_key(f"{self._prefix}/failed/{r}"), beats.get(r)
-                )
-                if failed is not None:
-                    found[r] = failed
-        return found
-
     def _diagnose(self, what: str, error: BaseException) -> Exception:
         """Name the ranks that did not take part in the failed collective `what`."""
         self._broken = f"{what} failed: {error}"
-        first = self._read_heartbeats()
-        deadline = time.monotonic() + 2.5 * _HEARTBEAT_SECONDS + 1.0
-        latest = first
-        while time.monotonic() < deadline and any(v is not None for v in first.values()):
-            self._stop.wait(0.1)
-            latest = self._read_heartbeats()
-            if all(latest[r] != first[r] for r in latest if first[r] is not None):
-                break
-        problems: dict[int, str] = {}
-        for r in range(self.world_size):
-            if r == self.rank:
-                continue
-            failed = _current_failure(self._read_key(f"{self._prefix}/failed/{r}"), latest.get(r))
-            if failed is not None:
-                problems[r] = f"rank {r} raised an error: {failed}"
-            elif latest.get(r) is None:
-                problems[r] = f"rank {r} is unreachable (the rendezvous on rank 0 may be gone)"
-            elif latest[r] == first[r]:
-                problems[r] = f"rank {r} stopped responding (its process exited or hung)"
-            elif int(latest[r].split()[1]) < self._entered:
-                problems[r] = (
-                    f"rank {r} never called this collective (it has entered "
-                    f"{latest[r].split()[1]} collectives, this rank {self._entered})"
-                )
-        missing = tuple(sorted(problems))
-        detail = "; ".join(problems.values()) or f"the backend reported: {error}"
-        timed_out = "timed out" in str(error).lower() or "timeout" in str(error).lower()
-        message = (
-            f"{what} on rank {self.rank} of {self.world_size} failed: {detail}. Make every "
-            "worker run the same collectives; a worker that died must be restarted together "
-            "with the others (create a new strategy on every worker)."
-        )
-        if timed_out and not any("raised" in p or "stopped" in p for p in problems.values()):
-            return CollectiveTimeoutError(message, missing=missing)
-        return WorkerLostError(message, missing=missing)
-
-    def _read_heartbeats(self) -> dict[int, str | None]:
-        return {
-            r: self._read_key(f"{self._prefix}/hb/{r}")
-            for r in range(self.world_size)
-            if r != self.rank
-        }
-
-    def _read_key(self, key: str) -> str | None:
-        try:
-            if not self._heartbeat_store.check([key]):
-                return None
-            return self._heartbeat_store.get(key).decode()
-        except Exception:
-            return None
+        return self._liveness.diagnose(what, error)
 
     # -- running collectives --------------------------------------------------------------
     def _collective(self, what: str, launch: Callable[[bool], Any], timeout: float | None) -> Any:
@@ -505,49 +409,21 @@ class DistGroup:
     def shutdown(self) -> None:
         """Stop the heartbeat and leave the process group (if this object created it)."""
         self._stop.set()
+        self._liveness.stop()
         if self._owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self._owns_group = False
 
 
-_C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
-
-
-def _in_raw_collective(thread_id: int | None) -> bool:
-    """True when thread `thread_id` (None: the main thread) is inside a `torch.distributed`
-    call that did not come through this module (Note [Raw collectives])."""
-    ident = threading.main_thread().ident if thread_id is None else thread_id
-    frame = sys._current_frames().get(ident) if ident is not None else None
-    inside = False
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename == __file__:
-            return False  # one of nbdist's collectives: counted in the heartbeat already
-        if filename.endswith(_C10D_FILE):
-            inside = True
-        frame = frame.f_back
-    return inside
-
-
 def raised_in_torch_distributed(error: BaseException) -> bool:
     """True when `error` came out of a `torch.distributed` call (its traceback passes there)."""
     tb = error.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith(_C10D_FILE):
+        if tb.tb_frame.f_code.co_filename.endswith(C10D_FILE):
             return True
         tb = tb.tb_next
     return False
-
-
-def _current_failure(notice: str | None, heartbeat: str | None) -> str | None:
-    """The failure a rank published, unless it has entered collectives since (stale)."""
-    if notice is None:
-        return None
-    count, _, message = notice.partition(" ")
-    if heartbeat is not None and count.isdigit() and int(heartbeat.split()[1]) > int(count):
-        return None
-    return message
 
 
 _GENERATIONS = itertools.count()
