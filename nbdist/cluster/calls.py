@@ -95,21 +95,7 @@ def call_engines(
         supervisor.wait(INTERRUPT_GRACE_S)  # a second Ctrl-C stops waiting at once
         raise
     if not finished:
-        pending = supervisor.interrupt()
-        supervisor.wait(INTERRUPT_GRACE_S)
-        still = [info.rank for info, part in zip(engines, parts) if not part.ready()]
-        detail = (
-            f" Replica(s) {still} are still busy (blocked outside Python, e.g. in a collective "
-            "whose peer is gone); restart the cluster with cluster.restart()."
-            if still
-            else ""
-        )
-        if supervisor.released:
-            detail += (
-                f" Replica(s) {supervisor.released} left the process group to release peers "
-                "blocked in a collective; call cluster.restart() before running collectives "
-                "again."
-            )
+        pending, detail = supervisor.interrupt_after_timeout("cluster.restart()")
         raise EngineTimeoutError(
             f"{what} did not finish within {timeout:g} s on replica(s) {pending}; they were "
             f"interrupted.{detail} Raise the timeout (cluster.strategy.timeout, or timeout=) "
@@ -205,6 +191,25 @@ class Supervisor:
                     signal.SIGINT, targets=[info.id for info in pending], block=False
                 )
         return [info.rank for info in pending]
+
+    def interrupt_after_timeout(self, fix: str) -> tuple[list[int], str]:
+        """Interrupt the engines still running, give them `INTERRUPT_GRACE_S` to come back;
+        their replica ids, and a sentence on their state naming `fix` where needed."""
+        pending = self.interrupt()
+        self.wait(INTERRUPT_GRACE_S)
+        still = [info.rank for info, part in zip(self.engines, self.parts) if not part.ready()]
+        detail = (
+            f" Replica(s) {still} are still busy (blocked outside Python, e.g. in a collective "
+            f"whose peer is gone); run {fix}."
+            if still
+            else " They are usable again."
+        )
+        if self.released:
+            detail += (
+                f" Replica(s) {self.released} left the process group to release peers blocked "
+                f"in a collective; run {fix} before running collectives again."
+            )
+        return pending, detail
 
     def _failed_and_idle(self) -> list[tuple[EngineInfo, Any]]:
         return [

@@ -247,16 +247,8 @@ def distribute_cell(
                 break
             streams.poll()
             if deadline is not None and time.monotonic() >= deadline:
-                pending = supervisor.interrupt()
-                supervisor.wait(INTERRUPT_GRACE_S)
+                pending, detail = supervisor.interrupt_after_timeout("`%dist restart`")
                 _finish_output(parts, streams)
-                still = [info.rank for info, part in zip(engines, parts) if not part.ready()]
-                detail = (
-                    f" Replica(s) {still} are still busy (blocked outside Python, e.g. in a "
-                    "collective whose peer is gone); run `%dist restart`."
-                    if still
-                    else " They are usable again."
-                )
                 raise EngineTimeoutError(
                     f"The cell did not finish within {timeout:g} s on replica(s) {pending}; "
                     f"they were interrupted.{detail} Raise --timeout for longer work.",
