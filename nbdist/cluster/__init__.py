@@ -8,7 +8,9 @@ starts nothing and does not import ipyparallel.
 
 from nbdist.cluster.engines import Cluster
 from nbdist.cluster.errors import (
+    ClusterInterrupted,
     ClusterStartError,
+    ClusterUnusableError,
     EngineTimeoutError,
     RemoteError,
     RemoteFailure,
@@ -20,7 +22,9 @@ from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 
 __all__ = [
     "Cluster",
+    "ClusterInterrupted",
     "ClusterStartError",
+    "ClusterUnusableError",
     "EngineInfo",
     "EngineStatus",
     "EngineStrategy",

@@ -25,11 +25,12 @@ __all__ = [
     "describe",
     "failure_reply",
     "fetch",
+    "reform",
     "release_peers",
     "store",
 ]
 
-_state: dict[str, Any] = {"namespace": None, "strategy": None, "rank": None, "left": None}
+_state: dict[str, Any] = {"namespace": None, "strategy": None, "rank": None}
 
 
 def attach(namespace: dict[str, Any]) -> None:
@@ -123,6 +124,7 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
         "backend": strategy.process_group_backend,
         "threads": threads,
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
+        "prefix": group_prefix(),
     }
 
 
@@ -211,49 +213,52 @@ def fetch(payload: bytes) -> dict[str, Any]:
     return _reply(value, start)
 
 
-def release_peers(reason: str) -> dict[str, Any]:
-    """Leave the process group if peers are blocked in a collective this engine never joined.
+def release_peers(who: str) -> dict[str, Any]:
+    """Abandon the process group if peers wait in a collective this engine will not join.
 
-    Called by the notebook on an engine whose function failed while others still run (Note
-    [Releasing blocked peers] in `calls`). Peers that have entered more collectives than this
-    engine wait for it in vain; publishing the failure and leaving the group fails their
-    collective at once with an error naming this engine. Peers blocked in a `torch.distributed`
-    call of their own (Note [Raw collectives] in `nbdist.collectives.torch_dist`) are released
-    only when this process closes its connections: if they are still blocked a moment after
-    leaving, this engine exits. Returns `{"waiting": [...], "left": bool, "exiting": bool}`.
+    Called by the notebook on an engine that finished (or failed) its cell or function while
+    others still run (Note [Releasing blocked peers] in `calls`). `who` says what this engine
+    did, e.g. "replica 1 finished a %%distribute cell". Peers that entered more collectives
+    than this engine, or sit in a `torch.distributed` call of their own, wait for it in vain:
+    the group is abandoned on every rank (Note [Waking a blocked collective] in
+    `nbdist.collectives.abort`), which fails their call within a heartbeat with an error that
+    names this replica; every engine keeps its Python state, and the notebook forms the group
+    again once all are idle. Returns `{"waiting": [...], "left": bool}`.
     """
-    strategy = _state["strategy"]
-    group = getattr(strategy, "_group", None)
-    if group is None or _state.get("left"):
-        return {"waiting": [], "left": False, "exiting": False}
+    group = getattr(_state["strategy"], "_group", None)
+    if group is None or group.aborted is not None:
+        return {"waiting": [], "left": False}
     waiting = group.peers_waiting()
     if not waiting:
-        return {"waiting": [], "left": False, "exiting": False}
-    raw = group.peers_in_raw_collective()
-    group.abort(reason)
-    _state["left"] = reason
-    if raw:
-        import threading
-
-        threading.Thread(
-            target=_exit_unless_released, args=(group, raw), name="nbdist-release", daemon=True
-        ).start()
-    return {"waiting": waiting, "left": True, "exiting": bool(raw)}
+        return {"waiting": [], "left": False}
+    rank = _state["rank"]
+    group.request_abort(
+        f"{who} without entering the collective that replica(s) {waiting} wait in "
+        f"(replica {rank} never arrived)",
+        missing=[rank],
+        secondary="failed" in who,
+    )
+    return {"waiting": waiting, "left": True}
 
 
-_RELEASE_GRACE_S = 3.0
+def reform(generation: str) -> dict[str, Any]:
+    """Form the engines' process group again under `generation` (all engines, all idle).
+
+    The engine keeps its namespace and its `strategy` object; only the connections are new.
+    """
+    try:
+        group = getattr(_strategy(), "_group", None)
+        if group is not None:
+            group.reform(generation)
+    except BaseException as error:
+        return _wire.failure(error, "re-forming the process group")
+    return {"ok": True, "value": _wire.dumps(None), "elapsed": 0.0}
 
 
-def _exit_unless_released(group: Any, ranks: list[int]) -> None:
-    """Exit this engine if `ranks` are still inside their torch.distributed call after a grace
-    period (its connections close with the process, which fails their call)."""
-    deadline = time.monotonic() + _RELEASE_GRACE_S
-    while time.monotonic() < deadline:
-        time.sleep(0.25)  # heartbeats arrive every 0.5 s; nothing to wait on but time
-        with contextlib.suppress(Exception):
-            if not set(ranks) & set(group.peers_in_raw_collective()):
-                return
-    os._exit(70)
+def group_prefix() -> str | None:
+    """The current group generation's key prefix in the rendezvous store."""
+    group = getattr(_state["strategy"], "_group", None)
+    return None if group is None else group.prefix
 
 
 def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
@@ -267,6 +272,14 @@ def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
 
     group = getattr(_state["strategy"], "_group", None)
     if group is None or not raised_in_torch_distributed(error):
+        return reply
+    if group.aborted is not None:
+        reason, _, secondary = group._aborted
+        reply["secondary"] = secondary
+        reply["evalue"] = (
+            f"released from a torch.distributed call: {reason}; the process group was "
+            f"abandoned. Original error: {reply['evalue']}"
+        )
         return reply
     with contextlib.suppress(Exception):
         failures = group.peer_failures()
@@ -320,11 +333,6 @@ def _namespace() -> dict[str, Any]:
 
 def _strategy() -> Any:
     strategy = _state["strategy"]
-    if _state["left"]:
-        raise RuntimeError(
-            f"This engine left the process group ({_state['left']}), so its strategy cannot "
-            "run. Restart the cluster with cluster.restart()."
-        )
     if strategy is None:
         raise RuntimeError(
             "This engine has no strategy yet: it did not finish joining the cluster. Restart "

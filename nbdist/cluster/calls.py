@@ -1,18 +1,29 @@
-"""Calling every engine at once and waiting for them: `call_engines`.
+"""Calling every engine at once and waiting for them: `call_engines`, `Supervisor`.
 
 One request goes to every engine (`DirectView.apply`, or one apply per engine when their
 arguments differ). While waiting, a supervisor watches for the situation a process group cannot
-get out of by itself: an engine whose function failed is idle again, but its peers are blocked
-in a collective it will never join. Gloo waits in C++, where neither the failed engine's error
-notice nor SIGINT reaches them, until the collective timeout (300 s by default). Note [Releasing
-blocked peers]: the supervisor asks each failed engine whether peers have entered more
-collectives than it has (their heartbeats say so); if they have, that engine publishes its
-failure and leaves the process group, which fails the peers' pending collectives at once with
-an error naming it. The group is then unusable (as after any failed collective) and the
-cluster is marked broken until `restart()`.
+get out of by itself: an engine is idle again (its function finished or failed) while its peers
+are blocked in a collective it will never join. Gloo waits in C++, where neither an error
+notice nor SIGINT reaches them, until the collective timeout (300 s by default).
 
-Timeouts and Ctrl-C interrupt the engines still running (SIGINT through ipyparallel's nanny),
-then give them a few seconds to come back, releasing blocked peers the same way.
+Note [Releasing blocked peers]: once some engines are idle and others still run, the
+supervisor asks an idle engine whether peers have entered more collectives than it has, or sit
+in a `torch.distributed` call of their own (their heartbeats say so). If they have, that engine
+abandons the group on every rank (Note [Waking a blocked collective] in
+`nbdist.collectives.abort`): the peers' calls fail within a heartbeat with an error naming the
+replica that never arrived, and every engine keeps its Python state.
+
+Note [Cluster health]: a timeout, an interrupt, an abandoned group, a failed collective or a
+dead engine leaves the process group in an unknown state. `Supervisor.settle` decides what it
+is now: when every engine is alive and idle again, the group is formed again on all of them
+(`Cluster.repair`, keeping their variables), and the cluster is usable; otherwise the cluster
+is marked unusable (`Cluster.mark_broken`), and the next cell or `strategy.run` refuses with
+`ClusterUnusableError` naming what happened and the fix. Nothing ever pairs a new collective
+with a stuck one.
+
+Timeouts and Ctrl-C interrupt the engines still running (SIGINT through ipyparallel's nanny)
+and abandon the group (which releases engines blocked in C), then give them a few seconds to
+come back.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbdist.cluster import _engine_side, _wire
 from nbdist.cluster.errors import (
+    ClusterInterrupted,
     EngineTimeoutError,
     RemoteError,
     RemoteFailure,
@@ -39,6 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INTERRUPT_GRACE_S",
+    "RELEASE_AFTER_S",
     "Supervisor",
     "call_engines",
     "checked_replies",
@@ -47,8 +60,11 @@ __all__ = [
     "reply_ok",
 ]
 
-INTERRUPT_GRACE_S = 10.0
-"""Seconds interrupted engines get to come back before they count as still busy."""
+INTERRUPT_GRACE_S = 3.0
+"""Seconds interrupted engines get to come back before they count as still busy (blocked
+collectives are released within a heartbeat, so this is plenty)."""
+RELEASE_AFTER_S = 1.5
+"""Seconds an engine may finish ahead of its peers before they are checked for waiting on it."""
 _RECHECK_S = 1.0
 _RELEASE_TIMEOUT_S = 10.0
 
@@ -91,11 +107,9 @@ def call_engines(
     try:
         finished = supervisor.wait(timeout)
     except KeyboardInterrupt:
-        supervisor.interrupt()
-        supervisor.wait(INTERRUPT_GRACE_S)  # a second Ctrl-C stops waiting at once
-        raise
+        raise supervisor.interrupted("cluster.restart()") from None
     if not finished:
-        pending, detail = supervisor.interrupt_after_timeout("cluster.restart()")
+        pending, detail = supervisor.stop_after_timeout(timeout, "cluster.restart()")
         raise EngineTimeoutError(
             f"{what} did not finish within {timeout:g} s on replica(s) {pending}; they were "
             f"interrupted.{detail} Raise the timeout (cluster.strategy.timeout, or timeout=) "
@@ -153,7 +167,9 @@ def reply_ok(reply: Any) -> bool:
 
 
 class Supervisor:
-    """Waits for one call on every engine; releases peers blocked by a failed engine."""
+    """Waits for one call on every engine; releases peers blocked by an idle engine, and
+    settles the cluster's health after a fault (Notes [Releasing blocked peers] and [Cluster
+    health])."""
 
     def __init__(self, cluster: Cluster, engines: Sequence[EngineInfo], parts: list[Any], what):
         self.cluster = cluster
@@ -161,6 +177,11 @@ class Supervisor:
         self.parts = parts
         self.what = what
         self.released: list[int] = []
+        """Replicas that abandoned the group to release peers waiting for them."""
+        self.fault: str | None = None
+        """What went wrong with the group during this call (timeout, interrupt, release)."""
+        self._split_since: float | None = None
+        self._next_check = 0.0
 
     def wait(self, timeout: float | None) -> bool:
         """Wait until every engine answered (True) or `timeout` passed (False)."""
@@ -169,66 +190,128 @@ class Supervisor:
             pending = [part for part in self.parts if not part.ready()]
             if not pending:
                 return True
-            remaining = None if deadline is None else deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = None if deadline is None else deadline - now
             if remaining is not None and remaining <= 0:
                 return False
-            failed = self._failed_and_idle()
-            if failed and not self.released:
-                self._release(failed)
             step = remaining
-            if failed and not self.released:  # peers' heartbeats may lag: look again soon
-                step = _RECHECK_S if step is None else min(step, _RECHECK_S)
+            if not self.released and len(pending) < len(self.parts):
+                self._split_since = self._split_since or now
+                failed = any(not reply_ok(reply_of(p)) for p in self.parts if p.ready())
+                due = failed or now - self._split_since >= RELEASE_AFTER_S
+                if due and now >= self._next_check:
+                    self._release()
+                    self._next_check = time.monotonic() + _RECHECK_S
+                if not self.released:  # peers' heartbeats may lag: look again soon
+                    step = _RECHECK_S / 2 if step is None else min(step, _RECHECK_S / 2)
             concurrent.futures.wait(
                 pending, timeout=step, return_when=concurrent.futures.FIRST_COMPLETED
             )
 
-    def interrupt(self) -> list[int]:
-        """SIGINT the engines still running; their replica ids."""
+    def pending(self) -> list[int]:
+        """The replicas whose engines have not answered yet."""
+        return [info.rank for info, part in zip(self.engines, self.parts) if not part.ready()]
+
+    def interrupt(self, reason: str) -> list[int]:
+        """SIGINT the engines still running and abandon the group (releasing any blocked in
+        a collective); their replica ids."""
         pending = [info for info, part in zip(self.engines, self.parts) if not part.ready()]
         if pending:
+            self.fault = self.fault or reason
             with contextlib.suppress(Exception):
                 self.cluster.client.send_signal(
                     signal.SIGINT, targets=[info.id for info in pending], block=False
                 )
+            self.cluster.abort_group(reason)
         return [info.rank for info in pending]
 
-    def interrupt_after_timeout(self, fix: str) -> tuple[list[int], str]:
-        """Interrupt the engines still running, give them `INTERRUPT_GRACE_S` to come back;
-        their replica ids, and a sentence on their state naming `fix` where needed."""
-        pending = self.interrupt()
+    def stop_after_timeout(self, timeout: float | None, fix: str) -> tuple[list[int], str]:
+        """Interrupt the engines still running after `timeout`, give them `INTERRUPT_GRACE_S`
+        to come back and settle the cluster's health; their replica ids and a sentence on the
+        cluster's state naming `fix` where needed."""
+        pending = self.interrupt(f"{self.what} timed out after {timeout:g} s")
         self.wait(INTERRUPT_GRACE_S)
-        still = [info.rank for info, part in zip(self.engines, self.parts) if not part.ready()]
-        detail = (
-            f" Replica(s) {still} are still busy (blocked outside Python, e.g. in a collective "
-            f"whose peer is gone); run {fix}."
-            if still
-            else " They are usable again."
+        return pending, self.settle(fix)
+
+    def interrupted(self, fix: str) -> ClusterInterrupted:
+        """After Ctrl-C: interrupt the engines, wait briefly, settle; the one-line error."""
+        pending = self.interrupt(f"{self.what} was interrupted (Ctrl-C)")
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
+            self.wait(INTERRUPT_GRACE_S)
+        state = self.settle(fix).strip()
+        doing = "; ".join(
+            f"replica {info.rank}: {_doing(part)}" for info, part in zip(self.engines, self.parts)
         )
-        if self.released:
-            detail += (
-                f" Replica(s) {self.released} left the process group to release peers blocked "
-                f"in a collective; run {fix} before running collectives again."
-            )
-        return pending, detail
+        if not pending:
+            doing = "every replica had finished"
+        return ClusterInterrupted(f"{self.what} interrupted ({doing}). {state}".rstrip())
 
-    def _failed_and_idle(self) -> list[tuple[EngineInfo, Any]]:
-        return [
-            (info, reply_of(part))
-            for info, part in zip(self.engines, self.parts)
-            if part.ready() and not reply_ok(reply_of(part))
+    def settle(self, fix: str) -> str:
+        """Decide the cluster's health after this call (Note [Cluster health]); a sentence."""
+        still = self.pending()
+        replies = [reply_of(part) if part.ready() else None for part in self.parts]
+        died = [
+            info.rank
+            for info, reply in zip(self.engines, replies)
+            if isinstance(reply, BaseException) and _engine_error(reply)
         ]
+        failed_collective = any(
+            isinstance(reply, dict) and reply.get("ename") in _COLLECTIVE_ERRORS
+            for reply in replies
+        )
+        if not (self.fault or self.released or failed_collective or died or still):
+            return ""
+        what = self.fault or (
+            f"replica(s) {self.released} never arrived in a collective of {self.what}"
+            if self.released
+            else f"a collective failed in {self.what}"
+        )
+        if died:
+            self.cluster.mark_broken(f"the engine(s) of replica(s) {died} died during {self.what}")
+            return (
+                f" Replica(s) {died} died; the cluster is unusable: run {fix} (engine state is "
+                "lost)."
+            )
+        if still:
+            self.cluster.mark_broken(
+                f"{what}, and replica(s) {still} are still busy (blocked outside Python)"
+            )
+            return (
+                f" Replica(s) {still} are still busy (blocked outside Python); the cluster is "
+                f"unusable: run {fix} (engine state is lost)."
+            )
+        problem = self.cluster.repair(what)
+        if problem is None:
+            return (
+                " The process group was formed again; the engines kept their variables and "
+                "the cluster is usable."
+            )
+        self.cluster.mark_broken(f"{what}; forming the process group again failed: {problem}")
+        return (
+            f" Forming the process group again failed ({problem}); the cluster is unusable: "
+            f"run {fix} (engine state is lost)."
+        )
 
-    def _release(self, failed: list[tuple[EngineInfo, Any]]) -> None:
-        """Note [Releasing blocked peers]: ask the failed engines to leave the group if needed."""
+    def _release(self) -> None:
+        """Note [Releasing blocked peers]: ask an idle engine to abandon the group if peers
+        wait for it in a collective."""
         client = self.cluster.client
-        for info, reply in failed:
+        for info, part in zip(self.engines, self.parts):
+            if not part.ready():
+                continue
+            reply = reply_of(part)
             if isinstance(reply, BaseException):
                 continue  # the engine died: its peers' collectives fail by themselves
-            reason = f"{reply.get('ename')}: {reply.get('evalue')} (in {self.what})"
+            who = (
+                f"replica {info.rank} finished {self.what}"
+                if reply_ok(reply)
+                else f"replica {info.rank} failed in {self.what} ({reply.get('ename')}: "
+                f"{str(reply.get('evalue'))[:200]})"
+            )
             try:
                 answer = (
                     client.direct_view([info.id])
-                    .apply_async(_engine_side.release_peers, reason)
+                    .apply_async(_engine_side.release_peers, who)
                     .get(timeout=_RELEASE_TIMEOUT_S)
                 )
             except Exception:
@@ -236,16 +319,33 @@ class Supervisor:
             answer = answer[0] if isinstance(answer, list) else answer
             if answer.get("left"):
                 self.released.append(info.rank)
-                exits = (
-                    "; its engine exits to release them from a torch.distributed call of "
-                    "their own"
-                    if answer.get("exiting")
-                    else ""
+                self.fault = self.fault or (
+                    f"{who} while replica(s) {answer.get('waiting')} waited for it in a collective"
                 )
-                self.cluster.mark_broken(
-                    f"replica {info.rank} failed in {self.what} and left the process group to "
-                    f"release replica(s) {answer.get('waiting')} blocked in a collective{exits}"
-                )
+                return
+
+
+_COLLECTIVE_ERRORS = ("CollectiveTimeoutError", "WorkerLostError", "DistBackendError")
+
+
+def _engine_error(reply: BaseException) -> bool:
+    return str(getattr(reply, "ename", None) or type(reply).__name__) == "EngineError"
+
+
+def _doing(part: Any) -> str:
+    """What one engine was doing when interrupted, from its reply (or that it is still busy)."""
+    if not part.ready():
+        return "still busy (blocked outside Python)"
+    reply = reply_of(part)
+    if isinstance(reply, BaseException):
+        return "its engine died" if _engine_error(reply) else f"{type(reply).__name__}"
+    if reply_ok(reply):
+        return "had finished"
+    where = reply.get("where") or ""
+    ename = reply.get("ename")
+    if ename == "KeyboardInterrupt":
+        return f"interrupted {where}".strip()
+    return f"{ename} {where}".strip()
 
 
 def failure_of(info: EngineInfo, reply: Any) -> RemoteFailure:
@@ -284,27 +384,19 @@ def checked_replies(
     hints: Callable[[list[RemoteFailure]], list[str]] | None = None,
 ) -> list[Any]:
     """The engines' replies, in replica order, once all have answered; one `RemoteError` for
-    all failed replicas otherwise, with notes on dead engines and a released group naming
-    `fix` (e.g. `"cluster.restart()"`), plus whatever `hints(failures)` adds. An engine that
-    died marks the cluster broken."""
+    all failed replicas otherwise. The cluster's health is settled first (Note [Cluster
+    health]), and the error says what state it is in now, naming `fix` (e.g.
+    `"cluster.restart()"`) where needed, plus whatever `hints(failures)` adds."""
     replies = [reply_of(part) for part in parts]
     failures = [
         failure_of(info, reply) for info, reply in zip(engines, replies) if not reply_ok(reply)
     ]
-    died = [f.replica for f in failures if f.ename == "EngineError"]
-    if died:
-        cluster.mark_broken(f"the engine(s) of replica(s) {died} died during {what}")
+    state = supervisor.settle(fix)
     if not failures:
         return replies
     notes = hints(failures) if hints is not None else []
-    if died:
-        notes.append(f"Replica(s) {died} died: run {fix} (engine state is lost).")
-    if supervisor.released:
-        notes.append(
-            f"Replica(s) {supervisor.released} left the process group to release peers "
-            f"blocked in a collective; the group is unusable now. Run {fix} before running "
-            "collectives again."
-        )
+    if state:
+        notes.append(state.strip())
     raise RemoteError(what, failures, len(engines), notes)
 
 

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nbdist.cluster import _engine_side, _wire
-from nbdist.cluster.calls import call_engines
-from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
+from nbdist.cluster.calls import call_engines, reply_ok
+from nbdist.cluster.errors import ClusterStartError, ClusterUnusableError, EngineTimeoutError
 from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
 from nbdist.cluster.plan import LaunchPlan, make_plan
 from nbdist.cluster.processes import KILL_GRACE_S, ProcessSet, pid_alive
@@ -138,6 +138,10 @@ class Cluster:
         self._processes = ProcessSet()
         self._state = "stopped"
         self._broken: str | None = None
+        self._repaired: str | None = None
+        self._rendezvous: tuple[str, int] | None = None  # the store: rank 0's address, port
+        self._group_prefix: str | None = None  # the group generation's prefix in the store
+        self._generation = 0
         self._inflight: dict[int, set[Any]] = {}  # engine id -> requests not answered yet
         self._strategy = EngineStrategy(self)
         self._progress: Callable[[str], None] = quiet
@@ -162,11 +166,20 @@ class Cluster:
 
     @property
     def broken(self) -> str | None:
-        """Why the engines' process group is unusable (a failed engine left it), else None.
+        """Why the engines' process group is unusable, else None (Note [Cluster health] in
+        `calls`): a timeout, an interrupt or a failed collective that left an engine blocked,
+        a dead engine, or a group that could not be formed again.
 
-        `strategy.run` refuses to run until `restart()`; `push` and `pull` still work.
+        `strategy.run` and `%%distribute` cells refuse to run (`ClusterUnusableError`) until
+        `restart()`; `push` and `pull` still work while no engine is busy.
         """
         return self._broken
+
+    @property
+    def repaired(self) -> str | None:
+        """What made nbdist form the process group again last (the engines kept their
+        variables), else None."""
+        return self._repaired
 
     @property
     def engines(self) -> tuple[EngineInfo, ...]:
@@ -318,7 +331,7 @@ class Cluster:
             "cpu": "CPU engine(s)",
         }[plan.device_kind]
         ids = f", engines {[e.id for e in self._engines]}" if self._engines else ""
-        state = "running, process group broken" if self._broken else self._state
+        state = "running, unusable" if self._broken else self._state
         return (
             f"<nbdist.Cluster: {plan.n} {kind}, launcher={plan.launcher!r}, "
             f"backend={plan.backend!r}, {state}{ids}>"
@@ -384,6 +397,9 @@ class Cluster:
 
         booted = wait_all(AsyncResult.join(*results), deadline, "joining the group", plan.timeout)
         backend = booted[0].get("backend", "?") if booted else "?"
+        first = ranked[0][2]
+        self._rendezvous = (str(first["master_addr"]), int(first["master_port"]))
+        self._group_prefix = booted[0].get("prefix") if booted else None
         self._progress(f"{plan.n} engines joined one torch.distributed group ({backend})")
         self._engines = tuple(
             EngineInfo(
@@ -417,11 +433,10 @@ class Cluster:
     ) -> list[dict[str, Any]]:
         """`calls.call_engines` on this cluster (see there)."""
         self._require_running(what)
-        if needs_group and self._broken is not None:
-            raise RuntimeError(
-                f"{what} cannot run: the engines' process group is unusable ({self._broken}). "
-                "Call cluster.restart() (engine state is lost), then run again."
-            )
+        if needs_group:
+            self.require_usable(what)
+        else:
+            self.require_idle(what)
         return call_engines(self, entry, payloads, *extra, timeout=timeout, what=what, fn=fn)
 
     def track_request(self, engine_id: int, request: Any) -> None:
@@ -445,10 +460,65 @@ class Cluster:
                 missing=dead,
             )
 
+    def require_usable(self, what: str, fix: str = "cluster.restart()") -> None:
+        """Raise `ClusterUnusableError` naming what happened and `fix` if the process group
+        is unusable (Note [Cluster health] in `calls`), so `what` never pairs with a stuck
+        collective or queues behind a blocked engine."""
+        if self._broken is not None:
+            raise ClusterUnusableError(
+                f"{what} was not run: the cluster is unusable because {self._broken}. Run {fix} "
+                "to start fresh engines (engine state is lost), then run it again.",
+                reason=self._broken,
+            )
+        self.require_idle(what, fix)
+
+    def require_idle(self, what: str, fix: str = "cluster.restart()") -> None:
+        """Raise `ClusterUnusableError` if an engine still runs an earlier request (it would
+        queue behind it)."""
+        busy = [row.rank for row in self.status() if row.state == "busy"]
+        if busy:
+            raise ClusterUnusableError(
+                f"{what} was not run: replica(s) {busy} are still busy with an earlier request. "
+                f"Wait for it, or run {fix} to start fresh engines (engine state is lost).",
+                reason=f"replica(s) {busy} are busy",
+            )
+
     def mark_broken(self, reason: str) -> None:
         """Record why the process group is unusable (the first reason is kept) until restart."""
         if self._broken is None:
             self._broken = reason
+
+    def abort_group(self, reason: str) -> bool:
+        """Abandon the engines' process group on every engine (Note [Waking a blocked
+        collective] in `nbdist.collectives.abort`): collectives blocked in C fail within a
+        heartbeat. False when the rendezvous store cannot be reached."""
+        if self._rendezvous is None or self._group_prefix is None:
+            return False
+        from nbdist.collectives.abort import request_abort
+
+        addr, port = self._rendezvous
+        return request_abort(addr, port, self._group_prefix, reason)
+
+    def repair(self, reason: str) -> str | None:
+        """Form the process group again on every engine, keeping their Python state; None on
+        success (recorded in `repaired`), else what went wrong. Every engine must be idle."""
+        self._generation += 1
+        generation = f"r{self._generation}"
+        ids = [info.id for info in self._engines]
+        try:
+            result = self._client.direct_view(ids).apply_async(_engine_side.reform, generation)
+            replies = result.get(timeout=min(self._plan.timeout, 30.0))
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+        replies = replies if isinstance(replies, list) else [replies]
+        bad = [r for r in replies if not reply_ok(r)]
+        if bad:
+            reply = bad[0]
+            return f"{reply.get('ename')}: {reply.get('evalue')}"
+        base = (self._group_prefix or "nbdist/0/").rstrip("/").rpartition("/")[0] or "nbdist"
+        self._group_prefix = f"{base}/{generation}/"
+        self._repaired = reason
+        return None
 
     # -- stopping -------------------------------------------------------------------------
     def _teardown(self) -> None:
@@ -476,6 +546,9 @@ class Cluster:
         self._engines = ()
         self._processes = ProcessSet()
         self._broken = None
+        self._repaired = None
+        self._rendezvous = None
+        self._group_prefix = None
         self._inflight = {}
         self._state = "stopped"
         _running.discard(self)
@@ -506,6 +579,7 @@ class Cluster:
                 f"{what} needs running engines, but the cluster is {self._state}. Call "
                 "cluster.start() first (or use `with nd.Cluster(...) as cluster:`)."
             )
+
 
 def _register_atexit() -> None:
     global _atexit_registered

@@ -11,7 +11,9 @@ import dataclasses
 from nbdist.errors import NbdistError
 
 __all__ = [
+    "ClusterInterrupted",
     "ClusterStartError",
+    "ClusterUnusableError",
     "EngineTimeoutError",
     "RemoteError",
     "RemoteFailure",
@@ -114,3 +116,28 @@ class EngineTimeoutError(NbdistError, TimeoutError):
 
 class ClusterStartError(NbdistError, RuntimeError):
     """The engines or the controller failed to start, or an engine failed to join the group."""
+
+
+class ClusterUnusableError(NbdistError, RuntimeError):
+    """The engines' process group is unusable (a timeout, an interrupt that did not finish, a
+    failed collective or a dead engine left it so), so nothing that needs it was run.
+
+    The message names what happened and the fix (`%dist restart` / `cluster.restart()`);
+    `reason` holds what happened.
+    """
+
+    def __init__(self, message: str, *, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason
+
+
+class ClusterInterrupted(NbdistError, KeyboardInterrupt):
+    """Ctrl-C (or the notebook's stop button) interrupted a cell or call on the engines.
+
+    A `KeyboardInterrupt`, so it stops a script as Ctrl-C does. Its message is one line: what
+    each replica was doing and whether the cluster is still usable; a notebook shows only that
+    line.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]

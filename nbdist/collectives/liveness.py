@@ -55,13 +55,22 @@ class Liveness:
     """
 
     def __init__(
-        self, store: Any, prefix: str, rank: int, world_size: int, entered: Callable[[], int]
+        self,
+        store: Any,
+        prefix: str,
+        rank: int,
+        world_size: int,
+        entered: Callable[[], int],
+        on_abort: Callable[[str], None] | None = None,
     ):
         self.store = store
         self.prefix = prefix
         self.rank = rank
         self.world_size = world_size
         self._entered = entered
+        self._on_abort = on_abort
+        self.aborted: str | None = None
+        """The abort key's value once seen (Note [Waking a blocked collective])."""
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._beat, name=f"nbdist-heartbeat-{rank}", daemon=True
@@ -73,8 +82,14 @@ class Liveness:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the heartbeat (peers then see this rank as stopped)."""
+        """Stop the heartbeat (peers then see this rank as stopped) and wait for its thread.
+
+        Waiting matters: a heartbeat thread still inside the store client when the
+        interpreter exits aborts the process (SIGABRT).
+        """
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
 
     def publish_failure(self, message: str) -> None:
         """Tell the other ranks this one failed (read when their collective fails)."""
@@ -103,7 +118,7 @@ class Liveness:
         beats = self.heartbeats()
         found = {}
         for r in beats:
-            failed = _current_failure(self._read(f"{self.prefix}failed/{r}"), beats[r])
+            failed = _current_failure(self.read(f"{self.prefix}failed/{r}"), beats[r])
             if failed is not None:
                 found[r] = failed
         return found
@@ -123,7 +138,7 @@ class Liveness:
                 break
         problems: dict[int, str] = {}
         for r in latest:
-            failed = _current_failure(self._read(f"{self.prefix}failed/{r}"), latest.get(r))
+            failed = _current_failure(self.read(f"{self.prefix}failed/{r}"), latest.get(r))
             if failed is not None:
                 problems[r] = f"rank {r} raised an error: {failed}"
             elif latest.get(r) is None:
@@ -150,13 +165,20 @@ class Liveness:
     def heartbeats(self) -> dict[int, str | None]:
         """The other ranks' latest heartbeats (`"TIME ENTERED RAW"`), None where missing."""
         return {
-            r: self._read(f"{self.prefix}hb/{r}") for r in range(self.world_size) if r != self.rank
+            r: self.read(f"{self.prefix}hb/{r}") for r in range(self.world_size) if r != self.rank
         }
 
     # -- internals ------------------------------------------------------------------------
     def _beat_once(self) -> None:
         raw = int(_in_raw_collective(threading.main_thread().ident))
         self.store.set(f"{self.prefix}hb/{self.rank}", f"{time.time():.3f} {self._entered()} {raw}")
+        if self.aborted is None and self._on_abort is not None:
+            from nbdist.collectives.abort import ABORT_KEY
+
+            value = self.read(f"{self.prefix}{ABORT_KEY}")
+            if value is not None:
+                self.aborted = value
+                self._on_abort(value)
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
@@ -165,7 +187,8 @@ class Liveness:
             except Exception:
                 return
 
-    def _read(self, key: str) -> str | None:
+    def read(self, key: str) -> str | None:
+        """The value of `key` in the store, None when missing or unreachable."""
         try:
             if not self.store.check([key]):
                 return None

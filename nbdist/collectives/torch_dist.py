@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nbdist.collectives.abort import ABORT_KEY, GroupSockets, decode_abort, encode_abort
 from nbdist.collectives.liveness import C10D_FILE, Liveness
 from nbdist.errors import (
     CollectiveMismatchError,
@@ -72,6 +73,7 @@ class DistGroup:
         device: torch.device,
         timeout: float,
         telemetry: Telemetry | None = None,
+        prefix: str = "nbdist",
     ):
         self.rank = rank
         self.world_size = world_size
@@ -81,12 +83,16 @@ class DistGroup:
         self.telemetry = telemetry
         self._entered = 0
         self._broken: str | None = None
+        self._aborted: tuple[str, tuple[int, ...], bool] | None = None
         self._owns_group = False
         self._stop = threading.Event()
+        self._master = (master_addr, master_port)
         # Note [Store generations]: every group this process creates gets a fresh key prefix,
         # so a new strategy after `shutdown()` never reads the keys of an old one; rank 0 keeps
         # one store server per address for the life of the process.
-        self._prefix = f"nbdist/{next(_GENERATIONS)}"
+        self._base = prefix
+        self._prefix = f"{prefix}/{next(_GENERATIONS)}"
+        self._sockets = GroupSockets(master_port)
         self._store = _connect_store(master_addr, master_port, rank, world_size, timeout)
         self._meet(timeout)
         if dist.is_initialized():
@@ -97,22 +103,93 @@ class DistGroup:
                     f"{world_size}. Destroy the existing group or fix the cluster settings."
                 )
         else:
-            dist.init_process_group(
-                backend,
-                store=dist.PrefixStore(f"{self._prefix}/pg", self._store),
-                rank=rank,
-                world_size=world_size,
-                timeout=timedelta(seconds=timeout),
-            )
-            self._owns_group = True
-        self._liveness = Liveness(
-            _connect_store(master_addr, master_port, rank, world_size, timeout, client=True),
-            f"{self._prefix}/",
-            rank,
-            world_size,
-            entered=lambda: self._entered,
+            self._init_group()
+        self._liveness = self._start_liveness(
+            _connect_store(master_addr, master_port, rank, world_size, timeout, client=True)
         )
-        self._liveness.start()
+
+    def _init_group(self) -> None:
+        self._sockets.before()
+        dist.init_process_group(
+            self.backend,
+            store=dist.PrefixStore(f"{self._prefix}/pg", self._store),
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=self.timeout),
+        )
+        self._sockets.after()
+        self._owns_group = True
+
+    def _start_liveness(self, store: Any) -> Liveness:
+        liveness = Liveness(
+            store,
+            f"{self._prefix}/",
+            self.rank,
+            self.world_size,
+            entered=lambda: self._entered,
+            on_abort=self._abandon,
+        )
+        liveness.start()
+        return liveness
+
+    @property
+    def prefix(self) -> str:
+        """This group generation's key prefix in the rendezvous store (ends with `/`)."""
+        return f"{self._prefix}/"
+
+    @property
+    def aborted(self) -> str | None:
+        """Why the group was abandoned (Note [Waking a blocked collective]), else None.
+
+        Reads the abort key when it has not been seen yet: a peer that abandons the group
+        writes the key before closing its connections, so a call that just failed because of
+        it finds the reason here even before the heartbeat thread does.
+        """
+        if self._aborted is None:
+            with contextlib.suppress(Exception):
+                value = self._liveness.read(f"{self._prefix}/{ABORT_KEY}")
+                if value is not None:
+                    self._abandon(value)
+        return self._aborted[0] if self._aborted else None
+
+    def request_abort(self, reason: str, *, missing=(), secondary: bool = False) -> None:
+        """Abandon the group on every rank: each shuts its connections down within a
+        heartbeat, failing the collectives blocked on them with an error naming `reason`."""
+        value = encode_abort(reason, missing=missing, secondary=secondary)
+        with contextlib.suppress(Exception):
+            self._liveness.store.set(f"{self._prefix}/{ABORT_KEY}", value)
+        self._abandon(value)
+
+    def _abandon(self, value: str) -> None:
+        if self._aborted is None:
+            self._aborted = decode_abort(value)
+            self._broken = self._aborted[0]
+        self._sockets.shutdown()
+
+    def reform(self, generation: str) -> None:
+        """Leave the group and form a new one under `generation` (every rank, all idle).
+
+        The processes keep their Python state (models, optimizers, this object); collectives
+        count from zero again. Raises `RendezvousError` when a rank does not join in time.
+        """
+        if not self._owns_group:
+            raise RendezvousError(
+                "This process group was created outside nbdist, so nbdist cannot form it "
+                "again. Restart the workers."
+            )
+        self._liveness.stop()
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        self._owns_group = False
+        self._stop.clear()
+        self._prefix = f"{self._base}/{generation}"
+        self._entered = 0
+        self._broken = None
+        self._aborted = None
+        self._meet(self.timeout)
+        self._init_group()
+        self._liveness = self._start_liveness(self._liveness.store)
 
     # -- rendezvous and liveness ----------------------------------------------------------
     def _meet(self, timeout: float) -> None:
@@ -155,6 +232,12 @@ class DistGroup:
 
     def _diagnose(self, what: str, error: BaseException) -> Exception:
         """Name the ranks that did not take part in the failed collective `what`."""
+        if self.aborted is not None and self._aborted is not None:
+            reason, missing, _ = self._aborted
+            return WorkerLostError(
+                f"{what} on rank {self.rank} of {self.world_size} was abandoned: {reason}.",
+                missing=missing,
+            )
         self._broken = f"{what} failed: {error}"
         return self._liveness.diagnose(what, error)
 

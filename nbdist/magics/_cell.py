@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from nbdist.cluster import _wire
-from nbdist.cluster.calls import INTERRUPT_GRACE_S, Supervisor, checked_replies
+from nbdist.cluster.calls import Supervisor, checked_replies
 from nbdist.cluster.errors import EngineTimeoutError, SerializationError
 from nbdist.values import PerReplica
 
@@ -210,8 +210,11 @@ def distribute_cell(
         SyntaxError: the cell is not valid Python (checked here, before sending).
         WorkerLostError: an engine is dead; `%dist restart` recovers.
         RemoteError: one or more engines raised (one error for all of them).
-        EngineTimeoutError: not finished within `timeout` s (the engines were interrupted).
-        KeyboardInterrupt: Ctrl-C; the engines were interrupted and stay usable.
+        ClusterUnusableError: an earlier fault left the cluster unusable (nothing was sent).
+        EngineTimeoutError: not finished within `timeout` s (the engines were interrupted;
+            the message says whether the cluster is still usable).
+        ClusterInterrupted: (a `KeyboardInterrupt`) Ctrl-C; the engines were interrupted, and
+            the one-line message says what each was doing and whether the cluster is usable.
     """
     if output not in OUTPUT_MODES:
         raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}.")
@@ -223,12 +226,7 @@ def distribute_cell(
         by_rank = {info.rank: info for info in engines}
         engines = [by_rank[rank] for rank in targets]
     cluster.require_alive("the cell", fix="`%dist restart`")
-    if cluster.broken:
-        print(
-            f"Warning: the engines' process group is unusable ({cluster.broken}); collectives "
-            "in this cell will fail. Run `%dist restart` to recover.",
-            file=sys.stderr,
-        )
+    cluster.require_usable("The cell", fix="`%dist restart`")
     client = cluster.client
     ids = [info.id for info in engines]
     result = client.direct_view(ids).apply_async(run_cell, source, filename)
@@ -247,7 +245,7 @@ def distribute_cell(
                 break
             streams.poll()
             if deadline is not None and time.monotonic() >= deadline:
-                pending, detail = supervisor.interrupt_after_timeout("`%dist restart`")
+                pending, detail = supervisor.stop_after_timeout(timeout, "`%dist restart`")
                 _finish_output(parts, streams)
                 raise EngineTimeoutError(
                     f"The cell did not finish within {timeout:g} s on replica(s) {pending}; "
@@ -255,10 +253,9 @@ def distribute_cell(
                     pending=tuple(pending),
                 )
     except KeyboardInterrupt:
-        supervisor.interrupt()
-        supervisor.wait(INTERRUPT_GRACE_S)  # a second Ctrl-C stops waiting at once
+        error = supervisor.interrupted("`%dist restart`")
         _finish_output(parts, streams)
-        raise
+        raise error from None
     _finish_output(parts, streams)
     replies = checked_replies(cluster, engines, parts, supervisor, _WHAT, fix="`%dist restart`")
     values = []

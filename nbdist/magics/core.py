@@ -238,7 +238,12 @@ class DistMagics(Magics):
         state = "running" if cluster.running else "stopped"
         header = f"nbdist cluster: {plan.n} {kind} engine(s), backend {plan.backend}, {state}"
         if cluster.broken:
-            header += f"\nprocess group unusable ({cluster.broken}): run `%dist restart`"
+            header += f"\nunusable: {cluster.broken}. Run `%dist restart` (engine state is lost)."
+        elif cluster.repaired:
+            header += (
+                f"\nusable; the process group was formed again after: {cluster.repaired} "
+                "(the engines kept their variables)"
+            )
         table = cluster.status()
         dead = [row.rank for row in table if row.state == "dead"]
         print(header)

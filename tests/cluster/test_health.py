@@ -1,0 +1,151 @@
+"""A cluster's health after faults (issue 12, item 1), with 2 real CPU engines.
+
+Each fault must end in a named error within seconds, and leave the cluster either usable
+(the process group formed again, the engines' variables kept: the next collective is right)
+or unusable (the next cell or `strategy.run` refuses, naming what happened and the fix).
+Never a wrong value, never a hang. One cluster serves the module; the test that makes it
+unusable comes last. Each test prints its fault's time to a named error (the
+closing note's table).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from ipyparallel import interactive
+
+import nbdist as nd
+from nbdist.cluster import EngineTimeoutError, RemoteError
+from nbdist.cluster.errors import ClusterUnusableError
+from nbdist.errors import NbdistError
+from nbdist.magics._cell import distribute_cell
+
+pytestmark = pytest.mark.cluster
+
+RIGHT_SUM = (
+    "import torch.distributed as dist\n"
+    "t = torch.tensor([10.0 * (dist.get_rank() + 1)])\n"
+    "dist.all_reduce(t)\n"
+    "t.item()\n"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(start_cluster):
+    return start_cluster()
+
+
+def _timed(what: str, call, *args, **kwargs):
+    begin = time.monotonic()
+    try:
+        call(*args, **kwargs)
+    except NbdistError as error:
+        seconds = time.monotonic() - begin
+        print(f"\n{what}: {type(error).__name__} after {seconds:.1f} s")
+        return error, seconds
+    raise AssertionError(f"{what} raised nothing")
+
+
+def _usable_and_right(cluster) -> None:
+    assert cluster.broken is None
+    assert distribute_cell(cluster, RIGHT_SUM, timeout=60).values == (30.0, 30.0)
+
+
+@interactive
+def nbdist_collective_on_replica_zero_only():
+    ctx = nd.get_replica_context()
+    if ctx.replica_id_in_sync_group == 0:
+        return ctx.all_reduce("sum", torch.ones(1))  # noqa: F821
+    return None
+
+
+@interactive
+def raw_all_reduce_on_zero_while_one_sleeps():
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # noqa: F821
+    else:
+        time.sleep(600)
+
+
+@interactive
+def the_right_sum():
+    ctx = nd.get_replica_context()
+    return ctx.all_reduce("sum", torch.tensor([10.0 * (ctx.replica_id_in_sync_group + 1)]))  # noqa: F821
+
+
+def test_a_replica_that_never_arrives_in_a_raw_collective_is_named_at_once(cluster):
+    """The issue's wrong answer: only replica 0 calls dist.all_reduce. Replica 1 finishes its
+    cell, so replica 0 is released within seconds (not at --timeout) naming replica 1, the
+    group is formed again, and the next cell's all_reduce is right (30, not 21)."""
+    cell = (
+        "import torch.distributed as dist\n"
+        "if dist.get_rank() == 0:\n"
+        "    dist.all_reduce(torch.ones(1))\n"
+    )
+    error, seconds = _timed("raw all_reduce, replica 1 never arrives", distribute_cell,
+                            cluster, cell, timeout=60)  # fmt: skip
+    assert isinstance(error, RemoteError) and error.replicas == (0,)
+    assert seconds < 15
+    assert "replica 1 never arrived" in error.first.evalue
+    assert "formed again" in str(error) and "usable" in str(error)
+    assert cluster.repaired is not None
+    _usable_and_right(cluster)
+
+
+def test_the_same_through_nbdist_collectives(cluster):
+    error, seconds = _timed("nbdist all_reduce, replica 1 never arrives", cluster.strategy.run,
+                            nbdist_collective_on_replica_zero_only, timeout=60)  # fmt: skip
+    assert isinstance(error, RemoteError) and error.replicas == (0,)
+    assert seconds < 15 and error.first.ename == "WorkerLostError"
+    assert "replica 1 never arrived" in error.first.evalue
+    assert cluster.strategy.run(the_right_sum).values[0].item() == 30.0
+    _usable_and_right(cluster)
+
+
+def test_a_timeout_with_a_blocked_collective_leaves_the_cluster_right(cluster):
+    """Replica 0 blocked in C (dist.all_reduce), replica 1 in time.sleep: the timeout
+    interrupts both and abandons the group, then forms it again."""
+    error, seconds = _timed("strategy.run timeout, blocked collective", cluster.strategy.run,
+                            raw_all_reduce_on_zero_while_one_sleeps, timeout=3)  # fmt: skip
+    assert isinstance(error, EngineTimeoutError) and error.pending == (0, 1)
+    assert seconds < 3 + 8
+    assert "formed again" in str(error)
+    _usable_and_right(cluster)
+
+
+def test_a_cell_timeout_with_both_blocked_in_recv(cluster):
+    cell = "import torch.distributed as dist\ndist.recv(torch.zeros(1), src=1 - dist.get_rank())\n"
+    error, seconds = _timed("cell timeout, both in dist.recv", distribute_cell, cluster, cell,
+                            timeout=3)  # fmt: skip
+    assert isinstance(error, EngineTimeoutError) and error.pending == (0, 1)
+    assert seconds < 3 + 8
+    assert "formed again" in str(error)
+    _usable_and_right(cluster)
+
+
+def test_an_engine_that_stays_busy_makes_the_cluster_unusable_until_restart(cluster):
+    """Last: an engine that ignores SIGINT outlives the timeout; nothing may queue behind it
+    or pair with it, so cells and strategy.run refuse, naming what happened and the fix."""
+    cell = (
+        "import signal, time, torch.distributed as dist\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "if dist.get_rank() == 1:\n"
+        "    time.sleep(600)\n"
+    )
+    error, seconds = _timed("cell timeout, replica ignores SIGINT", distribute_cell, cluster,
+                            cell, timeout=2)  # fmt: skip
+    assert isinstance(error, EngineTimeoutError) and seconds < 2 + 8
+    assert "unusable" in str(error) and "%dist restart" in str(error)
+    assert cluster.broken is not None and "[1]" in cluster.broken
+    with pytest.raises(ClusterUnusableError, match=r"unusable because .*%dist restart"):
+        distribute_cell(cluster, RIGHT_SUM, timeout=60)
+    with pytest.raises(ClusterUnusableError, match=r"cluster.restart\(\)"):
+        cluster.strategy.run(the_right_sum)
+    assert "unusable" in repr(cluster)
+    # (restarting recovers: tests/cluster/test_cluster.py::test_lifecycle; the module's
+    # finalizer stops this cluster and checks that none of its processes is left)
