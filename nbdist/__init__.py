@@ -4,7 +4,7 @@
 The whole public API is listed here.
 """
 
-from nbdist import cluster_resolver, experimental
+from nbdist import checkpoint, cluster_resolver, experimental
 from nbdist._extension import load_ipython_extension, unload_ipython_extension
 from nbdist.cluster import Cluster, RemoteError, remote
 from nbdist.cluster_resolver import ClusterSpec
@@ -15,6 +15,7 @@ from nbdist.cross_device_ops import (
     ReductionToOneDevice,
 )
 from nbdist.errors import (
+    CheckpointError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     NbdistError,
@@ -61,6 +62,7 @@ __version__ = "0.1.0.dev0"  # keep equal to pyproject.toml (engines on other hos
 
 __all__ = [
     "CentralStorageStrategy",
+    "CheckpointError",
     "Cluster",
     "ClusterSpec",
     "CollectiveMismatchError",
@@ -95,6 +97,7 @@ __all__ = [
     "VariableAggregation",
     "VariableSynchronization",
     "WorkerLostError",
+    "checkpoint",
     "cluster_resolver",
     "experimental",
     "experimental_set_strategy",

@@ -7,6 +7,9 @@ Imports nothing from nbdist.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "CheckpointTypeError",
     "ClusterConfigError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
@@ -80,3 +83,17 @@ class WorkerLostError(NbdistError, RuntimeError):
 
 class RendezvousError(NbdistError, RuntimeError):
     """The workers could not meet to form their process group (port in use, a worker missing)."""
+
+
+class CheckpointError(NbdistError, RuntimeError):
+    """A checkpoint could not be written or read: an unwritable path, a missing, truncated or
+    foreign file, or another worker that failed at the same save or restore."""
+
+
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """A checkpoint does not fit the objects given to `restore`: another model's parameters,
+    a name it does not hold, or an object of another kind."""
+
+
+class CheckpointTypeError(CheckpointError, TypeError):
+    """An object given to `nd.checkpoint.save` or `restore` that cannot be checkpointed."""

@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.data import Dataset, IterableDataset
 
 from nbdist.devices import canonical_devices, physical_device
+from nbdist.errors import CheckpointError, CheckpointMismatchError, CheckpointTypeError
 from nbdist.input.contexts import InputContext, _count
 from nbdist.input.errors import (
     InputError,
@@ -29,6 +30,7 @@ from nbdist.input.errors import (
     InputTypeError,
 )
 from nbdist.input.options import InputOptions, InputReplicationMode
+from nbdist.input.position import GLOBAL_BATCHES, Position, Resume
 from nbdist.input.sharding import shard_loader
 from nbdist.input.steps import ACCEPTED, Epochs, per_replica_steps, per_worker_steps, split_steps
 from nbdist.input.transfer import DeviceTransfer
@@ -72,11 +74,17 @@ class DistributedIterator:
         transfer: DeviceTransfer,
         depth: int,
         replica_ids: tuple[int, ...],
+        *,
+        position: Position | None = None,
+        resume: Callable[[Resume], Iterator[list[Any]]] | None = None,
     ):
         self._steps, self._transfer, self._depth = steps, transfer, depth
         self._replica_ids = replica_ids
         self._buffer: deque[Any] = deque()
         self._done = False
+        self._position = position
+        self._resume = resume
+        self._started = False
 
     def __iter__(self) -> DistributedIterator:
         return self
@@ -90,6 +98,7 @@ class DistributedIterator:
         Raises:
             StopIteration: the epoch is over (as `next` does).
         """
+        self._started = True
         while not self._done and len(self._buffer) <= self._depth:
             try:
                 self._buffer.append(self._transfer.start(next(self._steps)))
@@ -103,7 +112,65 @@ class DistributedIterator:
         staged = self._buffer.popleft()
         if isinstance(staged, Exception):
             raise staged
+        if self._position is not None:
+            self._position.delivered()
         return _per_replica(self._transfer.finish(staged), self._replica_ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This iterator's position in its epoch, as plain numbers (for checkpoints).
+
+        The position counts global batches and the examples in them, so an iterator over
+        `experimental_distribute_dataset` can resume on another number of replicas
+        (Note [Iterator position] in nbdist.input.position). `nd.checkpoint.save` calls it.
+
+        Example:
+            >>> it = iter(distribute_dataset([torch.arange(4)] * 3, devices=("cpu:0",),
+            ...                              num_replicas_in_sync=1))
+            >>> _ = it.get_next(); it.state_dict()["batches"], it.state_dict()["examples"]
+            (1, 4)
+        """
+        if self._position is None:
+            raise CheckpointTypeError(
+                "This DistributedIterator was not made by iter(distributed_dataset), so it has "
+                "no position to save; iterate a strategy's distributed dataset instead."
+            )
+        return self._position.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue after the position `state_dict` (from `state_dict()`), on a fresh iterator.
+
+        The global batches already given are skipped without splitting or moving them (a
+        sharded DataLoader does not even read them). Call it before the first `get_next`.
+
+        Raises:
+            CheckpointMismatchError: the position belongs to another kind of dataset, to
+                another topology (`distribute_datasets_from_function`), or to an input with
+                other batches (fewer of them, or other global batch sizes).
+            CheckpointError: this iterator has already given batches.
+        """
+        if self._position is None or self._resume is None:
+            self.state_dict()  # raises the error for a hand-made iterator
+        assert self._position is not None and self._resume is not None
+        if self._started:
+            raise CheckpointError(
+                "This iterator has already given batches or been restored, so it cannot move "
+                "to a restored position; restore into a fresh iter(dataset) before calling "
+                "next() on it."
+            )
+        resume = self._position.resume_from(state_dict)
+        self._started = True
+        self._steps = self._resume(resume)
+        self._position.skipped(resume)
+        try:  # skip now, so that a mismatch is raised by the restore, not by a later step
+            self._buffer.append(self._transfer.start(next(self._steps)))
+        except StopIteration:
+            self._done = True
+        except CheckpointError:
+            self._done = True
+            raise
+        except Exception as error:  # a bad batch after the position: raised at its turn
+            self._done = True
+            self._buffer.append(error)
 
 
 class DistributedDataset:
@@ -123,14 +190,18 @@ class DistributedDataset:
     def __init__(
         self,
         *,
-        steps: Callable[[], Iterator[list[Any]]],
+        steps: Callable[[Position, Resume | None], Iterator[list[Any]]],
         length: Callable[[], int],
         devices: tuple[str, ...],
         replica_ids: tuple[int, ...],
         options: InputOptions,
         source: Any,
+        kind: str,
+        num_replicas_in_sync: int,
+        num_workers: int,
     ):
         self._steps, self._length, self._source = steps, length, source
+        self._kind, self._num_replicas, self._num_workers = kind, num_replicas_in_sync, num_workers
         self._devices, self._replica_ids, self._options = devices, replica_ids, options
         fetch = options.experimental_fetch_to_device
         self._transfer = DeviceTransfer([physical_device(d) for d in devices] if fetch else None)
@@ -148,7 +219,13 @@ class DistributedDataset:
 
     def __iter__(self) -> DistributedIterator:
         depth = self._depth if self._transfer.asynchronous else 0
-        return DistributedIterator(self._steps(), self._transfer, depth, self._replica_ids)
+        position = Position(
+            self._kind, num_replicas_in_sync=self._num_replicas, num_workers=self._num_workers
+        )
+        return DistributedIterator(
+            self._steps(position, None), self._transfer, depth, self._replica_ids,
+            position=position, resume=lambda resume: self._steps(position, resume),
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return self._length()
@@ -236,10 +313,12 @@ def distribute_dataset(
     sharded = shard_loader(dataset, replica_ids, num_replicas_in_sync, num_workers)
     source = Epochs(dataset, "the dataset")
 
-    def steps() -> Iterator[list[Any]]:
+    def steps(position: Position, resume: Resume | None) -> Iterator[list[Any]]:
         if sharded is not None:
-            return sharded.steps()
-        return split_steps(source, replica_ids, num_replicas_in_sync)
+            return sharded.steps(position=position, resume=resume)
+        return split_steps(
+            source, replica_ids, num_replicas_in_sync, position=position, resume=resume
+        )
 
     return DistributedDataset(
         steps=steps,
@@ -248,6 +327,9 @@ def distribute_dataset(
         replica_ids=replica_ids,
         options=options,
         source=dataset,
+        kind=GLOBAL_BATCHES,
+        num_replicas_in_sync=num_replicas_in_sync,
+        num_workers=num_workers,
     )
 
 
@@ -315,10 +397,12 @@ def distribute_datasets_from_function(
         pipelines.append(pipeline)
     sources = [Epochs(p, f"the iterable {name} returned") for p in pipelines]
 
-    def steps() -> Iterator[list[Any]]:
+    def steps(position: Position, resume: Resume | None) -> Iterator[list[Any]]:
         if per_replica:
-            return per_replica_steps(sources, scopes, name)
-        return per_worker_steps(sources[0], len(devices), name)
+            made = per_replica_steps(sources, scopes, name)
+        else:
+            made = per_worker_steps(sources[0], len(devices), name)
+        return _counted(made, position, resume)
 
     def length() -> int:
         lengths = [_len(p, f"the iterable {name} returned") for p in pipelines]
@@ -331,7 +415,27 @@ def distribute_datasets_from_function(
         replica_ids=replica_ids,
         options=options,
         source=pipelines[0],
+        kind="per_replica" if per_replica else "per_worker",
+        num_replicas_in_sync=num_replicas_in_sync,
+        num_workers=num_workers,
     )
+
+
+def _counted(
+    steps: Iterator[list[Any]], position: Position, resume: Resume | None
+) -> Iterator[list[Any]]:
+    """Steps of per-worker or per-replica pipelines, counted; a restored position skips
+    the steps already taken (same topology, checked by `Position.resume_from`)."""
+    for taken in range(resume.batches if resume is not None else 0):
+        if next(steps, None) is None:
+            raise CheckpointMismatchError(
+                f"The restored iterator position is after step {resume.batches}, but these "
+                f"pipelines give only {taken} steps in an epoch; restore into an iterator over "
+                f"the same dataset_fn's pipelines the checkpoint was saved with."
+            )
+    for step in steps:
+        position.produced(None)
+        yield step
 
 
 # --- checks and small helpers ----------------------------------------------------------------

@@ -31,6 +31,7 @@ from torch.utils.data import (
 
 from nbdist.input.batches import Batch, empty_like, split_batch
 from nbdist.input.errors import InputError
+from nbdist.input.position import Position, Resume, skip_global_batches
 
 __all__ = ["ShardedLoader", "WorkerBatchSampler", "shard_loader"]
 
@@ -68,18 +69,30 @@ class WorkerBatchSampler(Sampler[list[int]]):
         self.batch_sampler = batch_sampler
         self._replica_ids, self._total = tuple(replica_ids), total
         self.record: deque[tuple[str, tuple[int, ...]]] = deque()
+        self.rows: deque[int] = deque()  # each global batch's size, in the order of `record`
+        self.resume: Resume | None = None  # skip these global batches in the next epoch only
 
     def __len__(self) -> int:
         return len(self.batch_sampler)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[list[int]]:
-        self.record = deque()
-        return self._shares(self.record)
+        self.record, self.rows = deque(), deque()
+        resume, self.resume = self.resume, None
+        return self._shares(self.record, self.rows, resume)
 
-    def _shares(self, record: deque[tuple[str, tuple[int, ...]]]) -> Iterator[list[int]]:
+    def _shares(
+        self,
+        record: deque[tuple[str, tuple[int, ...]]],
+        rows: deque[int],
+        resume: Resume | None,
+    ) -> Iterator[list[int]]:
         yielded, probe = False, None
-        for batch in self.batch_sampler:
+        batches = iter(self.batch_sampler)
+        if resume is not None and resume.batches:  # drawn, not read (Note [Iterator position])
+            skip_global_batches(batches, resume, len)
+        for batch in batches:
             indices = list(batch)
+            rows.append(len(indices))
             split = split_batch(len(indices), self._total)
             bounds = [split[r] for r in self._replica_ids]
             sizes = tuple(stop - start for start, stop in bounds)
@@ -107,10 +120,18 @@ class ShardedLoader:
     def __init__(self, loader: DataLoader, sampler: WorkerBatchSampler):
         self.loader, self.sampler = loader, sampler
 
-    def steps(self) -> Iterator[list[Any]]:
-        """One epoch: per global batch, this worker's local replicas' batches."""
+    def steps(
+        self, *, position: Position | None = None, resume: Resume | None = None
+    ) -> Iterator[list[Any]]:
+        """One epoch: per global batch, this worker's local replicas' batches.
+
+        `position` and `resume` as in `split_steps`; skipped global batches are drawn from
+        the batch sampler but never read.
+        """
+        self.sampler.resume = resume
         batches = iter(self.loader)
         record = self.sampler.record  # the record of the epoch `iter` just started
+        global_rows = self.sampler.rows
         fetched: deque[Any] = deque()
         last: Batch | None = None
         index = 0
@@ -122,6 +143,8 @@ class ShardedLoader:
                     if not record:
                         return
             kind, sizes = record.popleft()
+            if kind != _PROBE and position is not None:
+                position.produced(global_rows.popleft())
             if kind == _SKIP:
                 if last is None:  # take the structure from the next batch read (or the probe)
                     if not fetched:

@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 
 from nbdist.input.batches import Batch, empty_like, split_batch
 from nbdist.input.errors import InputError, InputExhaustedError
+from nbdist.input.position import Position, Resume, skip_global_batches
 
 __all__ = ["ACCEPTED", "Epochs", "per_replica_steps", "per_worker_steps", "split_steps"]
 
@@ -21,21 +22,42 @@ ACCEPTED = "a torch.utils.data.DataLoader, a list of batches, or any iterable of
 _END = object()
 
 
-def split_steps(source: Epochs, replica_ids: tuple[int, ...], total: int) -> Iterator[list]:
+def split_steps(
+    source: Epochs,
+    replica_ids: tuple[int, ...],
+    total: int,
+    *,
+    position: Position | None = None,
+    resume: Resume | None = None,
+) -> Iterator[list]:
     """Split each global batch over `total` replicas and keep the slices of `replica_ids`.
+
+    `position` hears of each step's global examples; `resume` skips the global batches a
+    restored iterator already gave (Note [Iterator position] in nbdist.input.position).
 
     Example:
         >>> import torch
         >>> next(split_steps(Epochs([torch.arange(7)], "data"), (0, 1), 2))
         [tensor([0, 1, 2, 3]), tensor([4, 5, 6])]
     """
-    for index, structure in enumerate(source.epoch()):
+    batches = source.epoch()
+    start = 0
+    if resume is not None and resume.batches:
+        skip_global_batches(batches, resume, lambda s: _rows(s, "A skipped batch of the dataset"))
+        start = resume.batches
+    for index, structure in enumerate(batches, start=start):
         batch = Batch.of(structure, where=f"Batch {index} of the dataset")
+        if position is not None:
+            position.produced(batch.rows)
         if batch.rows is None:
             yield [batch.whole()] * len(replica_ids)
             continue
         bounds = split_batch(batch.rows, total)
         yield [batch.take(*bounds[replica]) for replica in replica_ids]
+
+
+def _rows(structure: Any, where: str) -> int | None:
+    return Batch.of(structure, where=where).rows
 
 
 def per_worker_steps(source: Epochs, count: int, name: str) -> Iterator[list]:

@@ -242,6 +242,10 @@ class ReplicaParameters:
     def _shadow(self, optimizer: torch.optim.Optimizer, replica: int) -> torch.optim.Optimizer:
         shadows = self._shadows.setdefault(optimizer, {})
         shadow = shadows.get(replica)
+        if shadow is not None and shadow._nbdist_source_state is not optimizer.state:
+            # optimizer.load_state_dict (a restored checkpoint) replaced the state: copy it
+            # to every replica's shadow again, or they would step from their old state.
+            shadow = None
         if shadow is None:
             shadow = optimizer.__class__.__new__(optimizer.__class__)
             shadow.__dict__.update(optimizer.__dict__)
@@ -253,6 +257,7 @@ class ReplicaParameters:
             if self.central:
                 shadow.param_groups = []
             shadow.state = _copy_state(optimizer, mapping)
+            shadow._nbdist_source_state = optimizer.state
             shadows[replica] = shadow
         for mine, theirs in zip(shadow.param_groups, optimizer.param_groups):
             for name, value in theirs.items():

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,7 +38,12 @@ from nbdist.variables import (
     create_distributed_variable,
 )
 
-__all__ = ["MultiWorkerMirroredStrategy", "WorkerTopology", "worker_topology"]
+__all__ = [
+    "MultiWorkerMirroredStrategy",
+    "WorkerTopology",
+    "live_multi_worker_strategy",
+    "worker_topology",
+]
 
 _WORKER_JOBS = ("chief", "worker")
 
@@ -98,6 +104,21 @@ def worker_topology(resolver: ClusterResolver | None) -> WorkerTopology:
     host, port = split_address(tasks[0][2], variable="the first task's address")
     local_rank = getattr(resolver, "local_rank", None)
     return WorkerTopology(rank, world_size, host, port, local_rank)
+
+
+_live: weakref.WeakValueDictionary[int, MultiWorkerMirroredStrategy] = (
+    weakref.WeakValueDictionary()
+)  # in order of creation
+
+
+def live_multi_worker_strategy() -> MultiWorkerMirroredStrategy | None:
+    """This process's multi-worker strategy with a process group (the last made), if any.
+
+    Used where every worker must take part but no strategy is current, e.g. a checkpoint saved
+    in a `%%distribute` cell outside `strategy.scope()`.
+    """
+    strategies = list(_live.values())
+    return strategies[-1] if strategies else None
 
 
 class MultiWorkerMirroredStrategy(Strategy):
@@ -170,6 +191,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._cross_device_ops.telemetry = self._telemetry
         if self._group is not None:
             _install_outside_scope_check()
+            _live[id(self)] = self
 
     @property
     def process_group_backend(self) -> str:
@@ -180,6 +202,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         """Leave the process group (call on every worker when done)."""
         if self._group is not None:
             self._group.shutdown()
+        _live.pop(id(self), None)
 
     # -- scope ----------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -1,0 +1,175 @@
+"""`save`, `restore` and `read`: named objects to one checkpoint file and back.
+
+Every worker calls `save` and `restore` with the same names; one writes (Note [One writer,
+every worker told] in nbdist.checkpoint.workers), each reads. A restore checks every object
+against the checkpoint before it changes any, so a checkpoint that does not fit leaves every
+object as it was. Imports the other nbdist.checkpoint modules and nbdist.context.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from nbdist import context
+from nbdist.checkpoint.fileformat import load, payload, write_atomic
+from nbdist.checkpoint.objects import apply, capture, check
+from nbdist.checkpoint.workers import Workers
+from nbdist.errors import CheckpointError, CheckpointMismatchError, CheckpointTypeError
+
+__all__ = ["read", "restore", "save"]
+
+
+def save(path: str | os.PathLike[str], /, **objects: Any) -> str:
+    """Save named objects to one checkpoint file, written once and atomically.
+
+    Modules and optimizers save their `state_dict()`; an `nd.Variable` its cross-replica
+    value (a sync-on-read variable's aggregate: SUM, MEAN or the first replica's, API.md §5);
+    a distributed iterator its position in global batches and examples, so the run can resume
+    on another number of replicas; tensors, `torch.Generator`s, dicts of plain values (e.g.
+    `progress={"epoch": 3}`) and any object with `state_dict`/`load_state_dict` (LR
+    schedulers) are saved too. Call it outside `strategy.run`. With several workers (a script
+    under torchrun, `%%distribute` engines) call it on every worker: the worker whose
+    `strategy.extended.should_checkpoint` is True writes, and every worker returns only once
+    the file is complete, or raises the same error.
+
+    Args:
+        path: The file to write (its directory must exist). It is replaced atomically: a
+            reader sees the previous checkpoint or this one, never part of one.
+        **objects: The objects to save, each under the name you will restore it by.
+
+    Returns:
+        `path`, as a string.
+
+    Raises:
+        CheckpointError: the path cannot be written (missing or read-only directory, a
+            directory, a full disk), named with the fix; any earlier file there is kept.
+        CheckpointTypeError: an object that cannot be checkpointed, or nothing to save.
+
+    Example:
+        >>> import os, tempfile, torch, nbdist as nd
+        >>> model = torch.nn.Linear(2, 1)
+        >>> path = nd.checkpoint.save(os.path.join(tempfile.mkdtemp(), "ckpt.pt"), model=model)
+        >>> sorted(nd.checkpoint.read(path)["model"])
+        ['bias', 'weight']
+    """
+    where = _path(path, "save")
+    _outside_run("save")
+    _named(objects, "save", "nd.checkpoint.save(path, model=model, optimizer=optimizer)")
+    workers = Workers.for_objects(objects)
+    error: BaseException | None = None
+    try:
+        entries = {name: capture(name, obj) for name, obj in objects.items()}
+        if workers.is_writer:
+            replicas = getattr(workers.strategy, "num_replicas_in_sync", 1)
+            write_atomic(
+                where,
+                payload(entries, num_replicas_in_sync=replicas, num_workers=workers.count),
+            )
+    except Exception as caught:
+        error = caught
+    workers.settle(error, f"Saving checkpoint {where!r}")
+    return where
+
+
+def restore(path: str | os.PathLike[str], /, **objects: Any) -> None:
+    """Restore named objects, in place, from a checkpoint written by `save`.
+
+    Give each object under the name it was saved with; names saved but not given are left
+    alone. Every object is checked first (another model's parameters, another optimizer, an
+    iterator over another dataset), so on error nothing is changed. Mirrored parameters and
+    variables get the saved value on every replica; a sync-on-read variable's value is
+    written back by its aggregation (SUM: value / replicas on each of them), so it may be
+    restored into another number of replicas. A distributed iterator must be fresh
+    (`iter(dataset)`, nothing taken yet): it skips the global batches already trained on.
+    Call it outside `strategy.run`, on every worker.
+
+    Raises:
+        CheckpointError: the file is missing, unreadable, truncated ("was not completely
+            written") or was not written by `nd.checkpoint.save`; or another worker failed.
+        CheckpointMismatchError: the checkpoint does not fit an object, or holds no such name.
+        CheckpointTypeError: an object that cannot be restored in place, or nothing given.
+
+    Example:
+        >>> import os, tempfile, torch, nbdist as nd
+        >>> path = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
+        >>> _ = nd.checkpoint.save(path, w=torch.ones(2))
+        >>> w = torch.zeros(2); nd.checkpoint.restore(path, w=w); w
+        tensor([1., 1.])
+    """
+    where = _path(path, "restore")
+    _outside_run("restore")
+    _named(objects, "restore", "nd.checkpoint.restore(path, model=model, optimizer=optimizer)")
+    workers = Workers.for_objects(objects)
+    error: BaseException | None = None
+    entries: dict[str, Any] = {}
+    try:
+        entries = load(where)["objects"]
+        absent = [name for name in objects if name not in entries]
+        if absent:
+            raise CheckpointMismatchError(
+                f"Checkpoint {where!r} holds no {', '.join(map(repr, absent))}; it holds "
+                f"{', '.join(map(repr, entries)) or 'nothing'}. Restore each object under the "
+                f"name it was saved with (the keyword given to nd.checkpoint.save)."
+            )
+        for name, obj in objects.items():
+            check(name, obj, entries[name], where)
+    except Exception as caught:
+        error = caught
+    workers.settle(error, f"Restoring checkpoint {where!r}")
+    error = None
+    try:  # iterators last: skipping reads data, after every cheap state is in place
+        for name in sorted(objects, key=lambda n: entries[n]["kind"] == "iterator"):
+            apply(objects[name], entries[name])
+    except Exception as caught:
+        error = caught
+    workers.settle(error, f"Restoring checkpoint {where!r}")
+
+
+def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The saved states by name, without restoring them: `{name: state}`.
+
+    A module's or optimizer's state is its `state_dict()`, a variable's `{"value": tensor}`,
+    an iterator's position (`batches`, `examples`, ...). Useful to inspect a checkpoint or to
+    load one part into a new object (`model.load_state_dict(read(path)["model"])`).
+
+    Raises:
+        CheckpointError: as `restore` does for the file.
+
+    Example:
+        >>> import os, tempfile, torch, nbdist as nd
+        >>> path = nd.checkpoint.save(os.path.join(tempfile.mkdtemp(), "c.pt"), step={"n": 7})
+        >>> nd.checkpoint.read(path)
+        {'step': {'n': 7}}
+    """
+    where = _path(path, "read")
+    return {name: entry["state"] for name, entry in load(where)["objects"].items()}
+
+
+def _path(path: Any, verb: str) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointTypeError(
+            f"nd.checkpoint.{verb} takes the checkpoint's file path first (a str or "
+            f"os.PathLike), got {type(path).__name__}; e.g. nd.checkpoint.{verb}("
+            f"'checkpoints/step-100.pt', model=model)."
+        )
+    return os.fspath(path)
+
+
+def _outside_run(verb: str) -> None:
+    replica = context.current_replica_context()
+    if replica is not None:
+        raise CheckpointError(
+            f"nd.checkpoint.{verb} was called inside strategy.run (replica "
+            f"{replica.replica_id_in_sync_group}). Call it outside strategy.run, in "
+            f"cross-replica context: every replica holds the same state, so one call per "
+            f"worker covers them all."
+        )
+
+
+def _named(objects: dict[str, Any], verb: str, example: str) -> None:
+    if not objects:
+        raise CheckpointTypeError(
+            f"nd.checkpoint.{verb} was given no objects; name each one as a keyword argument, "
+            f"e.g. {example}."
+        )

@@ -1,0 +1,195 @@
+"""nd.checkpoint with MultiWorkerMirroredStrategy across real worker processes (gloo, CPU).
+
+One worker writes, every worker waits for the complete file; a run saved on 2 workers resumes
+on 3 and ends at the parameters of an uninterrupted 2-worker run (within 1e-6); a bad path, a
+truncated file, another model or a file missing on one host raise a clear error on every
+worker, never a hang.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nbdist.testing import assert_all_ok, free_port, run_workers, torchrun_env
+
+pytestmark = pytest.mark.dist
+
+LAUNCH_TIMEOUT = 90
+STEPS, SAVE_AT, GLOBAL_BATCH = 8, 3, 12
+
+TRAIN = r"""
+import os
+import torch
+torch.set_num_threads(1)
+import nbdist as nd
+from torch.utils.data import DataLoader, TensorDataset
+
+PHASE, CKPT = os.environ["PHASE"], os.environ["CKPT"]
+STEPS, SAVE_AT, GLOBAL_BATCH = int(os.environ["STEPS"]), int(os.environ["SAVE_AT"]), 12
+
+strategy = nd.MultiWorkerMirroredStrategy()
+data = torch.Generator().manual_seed(0)
+x = torch.randn(STEPS * GLOBAL_BATCH, 5, generator=data)
+y = x @ torch.randn(5, 2, generator=data)
+# A plain DataLoader over a map-style dataset: sharded by index across workers; its shuffled
+# order comes from a generator seeded the same on every worker and in every launch.
+loader = DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH, shuffle=True,
+                    generator=torch.Generator().manual_seed(7))
+torch.manual_seed(1)
+with strategy.scope():
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    seen = nd.Variable(0.0, synchronization="ON_READ", aggregation="SUM")
+iterator = iter(strategy.experimental_distribute_dataset(loader))
+
+
+def step(batch):
+    inputs, targets = batch
+    loss = torch.nn.functional.mse_loss(model(inputs), targets)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    seen.assign_add(float(len(inputs)))
+
+
+objects = dict(model=model, optimizer=optimizer, seen=seen, iterator=iterator)
+if PHASE == "resume":
+    nd.checkpoint.restore(CKPT, **objects)
+start = SAVE_AT if PHASE == "resume" else 0
+stop = SAVE_AT if PHASE == "first" else STEPS
+for _ in range(start, stop):
+    strategy.run(step, args=(next(iterator),))
+if PHASE == "first":
+    nd.checkpoint.save(CKPT, **objects)
+left = sum(1 for _ in iterator)
+report({
+    "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+    "seen": float(seen.read_value()),
+    "left": left,
+    "ckpt_exists_after_save": os.path.exists(CKPT),
+})
+strategy.shutdown()
+"""
+
+ERRORS = r"""
+import os, pathlib, time
+import torch
+torch.set_num_threads(1)
+import nbdist as nd
+import nbdist.checkpoint.save_restore as save_restore
+
+strategy = nd.MultiWorkerMirroredStrategy(
+    communication_options=nd.experimental.CommunicationOptions(timeout_seconds=30))
+rank = strategy.cluster_resolver.task_id
+folder = pathlib.Path(os.environ["FOLDER"])
+writes = []
+real_write = save_restore.write_atomic
+save_restore.write_atomic = lambda *a, **k: (writes.append(a[0]), real_write(*a, **k))
+
+
+def attempt(fn, *args, **kwargs):
+    started = time.monotonic()
+    try:
+        fn(*args, **kwargs)
+        return {"ok": True, "elapsed": time.monotonic() - started}
+    except Exception as error:
+        return {"type": type(error).__name__, "message": str(error),
+                "bases": [c.__name__ for c in type(error).__mro__],
+                "elapsed": time.monotonic() - started}
+
+
+with strategy.scope():
+    model = torch.nn.Linear(64, 64)
+    total = nd.Variable(0.0, synchronization="ON_READ", aggregation="SUM")
+strategy.run(lambda: total.assign(float(rank + 1)))
+out = {}
+good = str(folder / "good.pt")
+out["save"] = attempt(nd.checkpoint.save, good, model=model, total=total)
+out["writes"] = len(writes)
+out["saved_total"] = nd.checkpoint.read(good)["total"]["value"].item()
+out["unwritable"] = attempt(nd.checkpoint.save, str(folder / "missing" / "c.pt"), model=model)
+out["another_model"] = attempt(nd.checkpoint.restore, good, model=torch.nn.Linear(64, 3))
+truncated = folder / "truncated.pt"
+if rank == 0:
+    data = pathlib.Path(good).read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+strategy.run(lambda: nd.get_replica_context().all_reduce("sum", torch.ones(1)))  # a barrier
+out["truncated"] = attempt(nd.checkpoint.restore, str(truncated), model=model)
+# The file exists on "one host" only: worker 1 looks for it elsewhere.
+one_host = good if rank == 0 else str(folder / "elsewhere.pt")
+out["missing_on_one_worker"] = attempt(nd.checkpoint.restore, one_host, model=model)
+out["still_usable"] = attempt(nd.checkpoint.restore, good, model=model, total=total)
+report(out)
+strategy.shutdown()
+"""
+
+
+def _launch(code: str, workers: int, **env: str):
+    port = free_port()
+    envs = [{**torchrun_env(rank, workers, port), **env} for rank in range(workers)]
+    results = run_workers(code, envs, timeout=LAUNCH_TIMEOUT)
+    assert_all_ok(results)
+    return [result.result for result in results]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ckpt")
+    env = {"CKPT": str(folder / "run.pt"), "STEPS": str(STEPS), "SAVE_AT": str(SAVE_AT)}
+    full = _launch(TRAIN, 2, PHASE="full", **env)
+    first = _launch(TRAIN, 2, PHASE="first", **env)
+    resumed = _launch(TRAIN, 3, PHASE="resume", **env)
+    return full, first, resumed
+
+
+def test_two_workers_resume_on_three_like_an_uninterrupted_run(runs):
+    full, first, resumed = runs
+    expected = torch.tensor([v for p in full[0]["params"] for v in p])
+    for out in resumed:
+        got = torch.tensor([v for p in out["params"] for v in p])
+        assert torch.allclose(got, expected, atol=1e-6, rtol=0), (got - expected).abs().max()
+        assert out["left"] == 0  # resumed exactly after the saved batch
+        assert out["seen"] == STEPS * GLOBAL_BATCH  # SUM variable: 36 saved, split over 3
+    for out in first:
+        assert out["ckpt_exists_after_save"]  # every worker returns after the file is complete
+        assert out["seen"] == SAVE_AT * GLOBAL_BATCH
+        assert out["left"] == STEPS - SAVE_AT
+
+
+@pytest.fixture(scope="module")
+def errors(tmp_path_factory):
+    return _launch(ERRORS, 2, FOLDER=str(tmp_path_factory.mktemp("errors")))
+
+
+def test_one_worker_writes_and_sync_on_read_values_are_aggregated(errors):
+    assert [out["save"].get("ok") for out in errors] == [True, True]
+    assert [out["writes"] for out in errors] == [1, 0]  # should_checkpoint: worker 0 only
+    assert [out["saved_total"] for out in errors] == [3.0, 3.0]  # 1 + 2 across workers
+
+
+@pytest.mark.parametrize(
+    ("case", "kind", "pattern"),
+    [
+        ("unwritable", "CheckpointError", "does not exist.*os.makedirs"),
+        ("another_model", "CheckpointMismatchError", "holds parameters for a model with"),
+        ("truncated", "CheckpointError", "truncated: the file was not completely written"),
+    ],
+)
+def test_bad_checkpoints_raise_the_same_error_on_every_worker(errors, case, kind, pattern):
+    import re
+
+    for out in errors:
+        error = out[case]
+        assert error.get("type") == kind, error
+        assert re.search(pattern, error["message"]), error["message"]
+        assert "NbdistError" in error["bases"]
+        assert error["elapsed"] < 20
+
+
+def test_a_file_missing_on_one_worker_fails_the_restore_on_both(errors):
+    mine, theirs = errors[1]["missing_on_one_worker"], errors[0]["missing_on_one_worker"]
+    assert mine["type"] == "CheckpointError" and "does not exist" in mine["message"]
+    assert theirs["type"] == "CheckpointError"
+    assert "failed on worker 1" in theirs["message"] and "does not exist" in theirs["message"]
+    assert [out["still_usable"].get("ok") for out in errors] == [True, True]
