@@ -28,7 +28,8 @@ def save(path: str | os.PathLike[str], /, **objects: Any) -> str:
     a distributed iterator its position in global batches and examples, so the run can resume
     on another number of replicas; tensors, `torch.Generator`s, dicts of plain values (e.g.
     `progress={"epoch": 3}`) and any object with `state_dict`/`load_state_dict` (LR
-    schedulers) are saved too. Call it outside `strategy.run`. With several workers (a script
+    schedulers) are saved too. Call it outside `strategy.run` (a worker with one replica may
+    also call it inside). With several workers (a script
     under torchrun, `%%distribute` engines) call it on every worker: the worker whose
     `strategy.extended.should_checkpoint` is True writes, and every worker returns only once
     the file is complete, or raises the same error.
@@ -157,8 +158,11 @@ def _path(path: Any, verb: str) -> str:
 
 
 def _outside_run(verb: str) -> None:
+    """Refuse calls from the replica threads of an in-process strategy (one call per worker
+    covers all its replicas); a worker with one replica (torchrun, engines) may call it in
+    `strategy.run`, which is also how `cluster.strategy.run` reaches the engines."""
     replica = context.current_replica_context()
-    if replica is not None:
+    if replica is not None and len(replica.strategy.extended.worker_devices) > 1:
         raise CheckpointError(
             f"nd.checkpoint.{verb} was called inside strategy.run (replica "
             f"{replica.replica_id_in_sync_group}). Call it outside strategy.run, in "

@@ -44,9 +44,11 @@ class Workers:
 
     @classmethod
     def for_objects(cls, objects: dict[str, Any]) -> Workers:
-        """The workers of the current strategy, else of the objects' strategy, else of this
-        process's multi-worker strategy (a `%%distribute` cell outside `scope()`)."""
-        strategy = context.current_scope_strategy()
+        """The workers of the current strategy (of `run` or `scope()`), else of the objects'
+        strategy, else of this process's multi-worker strategy (a `%%distribute` cell outside
+        `scope()`)."""
+        replica = context.current_replica_context()
+        strategy = replica.strategy if replica is not None else context.current_scope_strategy()
         if strategy is None:
             owners = [o._strategy for o in objects.values() if isinstance(o, DistributedVariable)]
             strategy = owners[0] if owners else live_multi_worker_strategy()
