@@ -18,6 +18,7 @@ __all__ = [
     "ReplicaError",
     "ReplicaReleasedError",
     "StrategyMixingError",
+    "UnsupportedOptionError",
     "WorkerLostError",
 ]
 
@@ -97,3 +98,16 @@ class CheckpointMismatchError(CheckpointError, ValueError):
 
 class CheckpointTypeError(CheckpointError, TypeError):
     """An object given to `nd.checkpoint.save` or `restore` that cannot be checkpointed."""
+
+
+class UnsupportedOptionError(NbdistError, ValueError):
+    """An option nbdist does not implement was passed (refused by name, never ignored).
+
+    Example:
+        >>> import nbdist as nd
+        >>> try:
+        ...     nd.OneDeviceStrategy("cpu").run(lambda: 1, options={"xla": True})
+        ... except UnsupportedOptionError as err:
+        ...     isinstance(err, ValueError)
+        True
+    """

@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 from nbdist.cluster import _wire
 from nbdist.cluster.errors import RemoteNameError
 from nbdist.reduce import ReduceOp
+from nbdist.strategies.base import check_run_options
 from nbdist.values import DistributedValues, PerReplica
 
 if TYPE_CHECKING:
@@ -158,7 +159,8 @@ class EngineStrategy:
             args, kwargs: Sent to every engine. A `PerReplica` (or `Mirrored`) at any depth is
                 scattered: engine `i` gets component `i`. `nd.remote("name")` becomes each
                 engine's object of that name.
-            options: Accepted for `Strategy.run` compatibility; unused.
+            options: Must be None (nbdist has no run options; any other value raises
+                `UnsupportedOptionError` before anything is sent).
             timeout: Seconds to wait (default: `self.timeout`).
 
         Returns:
@@ -172,6 +174,7 @@ class EngineStrategy:
         """
         if not callable(fn):
             raise TypeError(f"strategy.run needs a function to call, got {fn!r}.")
+        check_run_options(options)
         kwargs = dict(kwargs or {})
         n = self.num_replicas_in_sync
         if _has_distributed((args, kwargs)):

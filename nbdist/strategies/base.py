@@ -20,7 +20,7 @@ from nbdist.reduce import ReduceOp
 from nbdist.telemetry import Telemetry
 from nbdist.values import DistributedValues, Mirrored, PerReplica, select_replica
 
-__all__ = ["ReplicaContext", "Strategy", "StrategyExtended"]
+__all__ = ["ReplicaContext", "Strategy", "StrategyExtended", "check_run_options"]
 
 
 class Strategy:
@@ -115,6 +115,9 @@ class Strategy:
         Distributed values in `args`/`kwargs` are unwrapped to each replica's component.
 
         Context: cross-replica or the default context (not inside another `run`).
+        `options` must be None: TensorFlow's `RunOptions` only configure TPU and XLA
+        compilation, which nbdist does not have, so any other value raises
+        `UnsupportedOptionError` rather than being ignored.
         Hangs if: never; a replica that fails releases the others, and its exception is
         re-raised with its replica id in the message.
 
@@ -137,6 +140,7 @@ class Strategy:
                 "(nbdist.get_replica_context().all_reduce/merge_call) inside the replica "
                 "function instead of nesting run."
             )
+        check_run_options(options)
         kwargs = dict(kwargs or {})
         with context.enter_strategy(self):
             return self._call_for_each_replica(fn, tuple(args), kwargs)
@@ -307,6 +311,27 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={list(self._devices)!r})"
+
+
+def check_run_options(options: Any) -> None:
+    """Refuse any `Strategy.run(options=...)` other than None, naming what was passed.
+
+    TensorFlow's `tf.distribute.RunOptions` carries TPU/XLA settings only (dynamic batch size,
+    shape bucketizing, XLA options); nbdist runs eager PyTorch, so it has none to honour.
+
+    Example:
+        >>> check_run_options(None)  # the only accepted value
+    """
+    if options is None:
+        return
+    from nbdist.errors import UnsupportedOptionError
+
+    raise UnsupportedOptionError(
+        f"strategy.run got options={options!r}, but nbdist supports no run options: "
+        "TensorFlow's RunOptions only configure TPU and XLA compilation. Remove the options "
+        "argument (per-collective settings such as timeouts go to "
+        "ReplicaContext.all_reduce(..., options=nd.experimental.CommunicationOptions(...)))."
+    )
 
 
 class StrategyExtended:

@@ -420,3 +420,9 @@ def test_lifecycle(tmp_path, monkeypatch):
             cluster.strategy.run(replica_sums)
     assert not cluster.running and cluster.engines == ()
     assert_processes_gone(second_pids)
+
+
+def test_run_refuses_unsupported_options_before_sending(cluster):
+    with pytest.raises(nd.errors.UnsupportedOptionError, match="supports no run options"):
+        cluster.strategy.run(add, args=(1, 2), options={"xla": True})
+    assert cluster.strategy.run(add, args=(nd.PerReplica([1, 2]), 1)).values == (2, 3)

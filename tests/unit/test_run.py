@@ -216,3 +216,18 @@ def test_run_places_tensors_created_inside_on_one_device_strategy():
     strategy = nd.OneDeviceStrategy("cpu")
     out = strategy.run(lambda: torch.ones(2))
     assert out.device.type == "cpu"
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [nd.get_strategy(), nd.OneDeviceStrategy("cpu"), nd.MirroredStrategy(TWO)],
+    ids=["default", "one_device", "mirrored"],
+)
+@pytest.mark.parametrize("options", [{"experimental_enable_dynamic_batch_size": True}, "xla"])
+def test_run_refuses_options_it_does_not_support(strategy, options):
+    calls = []
+    with pytest.raises(nd.errors.UnsupportedOptionError, match="supports no run options") as info:
+        strategy.run(lambda: calls.append(1), options=options)
+    assert repr(options) in str(info.value) and isinstance(info.value, ValueError)
+    assert calls == []  # refused before any replica ran
+    assert strategy.run(lambda: 3, options=None) == 3
