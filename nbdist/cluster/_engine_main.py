@@ -6,6 +6,9 @@ start-up cost; done here, it overlaps with the controller starting (local engine
 before the controller and wait for its connection file) instead of following registration. It
 also fails early, with ipyparallel's output showing why, where nbdist is not installed for the
 engine's Python (a remote host's `remote_python`).
+
+It also makes the files the engine writes readable by its owner only (umask 077) and starts
+`watch_parent` first, so the engine stops when the process that started it dies.
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ from __future__ import annotations
 
 def main() -> None:
     """Import what every engine needs, then hand over to ipyparallel's engine (`sys.argv`)."""
+    import os
+
+    os.umask(0o077)
+    from nbdist.cluster.parent_watch import watch_parent
+
+    watch_parent()
     import torch  # noqa: F401  (the expensive import, done before registering)
     from ipyparallel.engine.app import main as engine_main
 

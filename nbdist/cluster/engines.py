@@ -27,6 +27,7 @@ from nbdist.cluster import _engine_side, _wire
 from nbdist.cluster.calls import call_engines, reply_ok
 from nbdist.cluster.errors import ClusterStartError, ClusterUnusableError, EngineTimeoutError
 from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
+from nbdist.cluster.lockdown import private_dirs, private_files
 from nbdist.cluster.plan import LaunchPlan, make_plan
 from nbdist.cluster.processes import KILL_GRACE_S, ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
@@ -355,6 +356,7 @@ class Cluster:
                 raise ClusterStartError(str(error)) from None
             self._progress(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
         self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
+        private_dirs(self._ipp.profile_dir)  # connection files, keys and logs: owner only
         threads = max(1, _cores() // plan.n)
         if not settings.engines_first:
             self._ipp.start_controller_sync()
@@ -373,6 +375,7 @@ class Cluster:
             self._ipp.start_controller_sync()
         self._record_processes()
         self._client = self._ipp.connect_client_sync()
+        private_files(self._ipp.profile_dir, self._ipp.cluster_id)
         wait_for_registration(self._ipp, self._client, plan, deadline, self._progress)
         self._record_processes()
 

@@ -43,6 +43,7 @@ from typing import Any
 from nbdist.cluster.plan import LaunchPlan
 
 __all__ = [
+    "CONTROLLER_MODULE",
     "ENGINE_MODULE",
     "IpyparallelSettings",
     "ipyparallel_settings",
@@ -52,6 +53,9 @@ __all__ = [
 
 ENGINE_MODULE = "nbdist.cluster._engine_main"
 """The module every engine runs (`python -m ...`)."""
+
+CONTROLLER_MODULE = "nbdist.cluster._controller_main"
+"""The module the controller runs (`python -m ...`)."""
 
 _LAUNCHER_CLASSES = {
     "local": "LocalEngineSetLauncher",
@@ -130,6 +134,7 @@ def ipyparallel_settings(
     launcher_class = _LAUNCHER_CLASSES[plan.launcher]
     config = Config()
     config.ControllerLauncher.connection_info_timeout = float(plan.timeout)
+    config.ControllerLauncher.controller_cmd = [sys.executable, "-m", CONTROLLER_MODULE]
     section = config[launcher_class]
     if plan.launcher == "slurm":  # srun places engines on the allocation's nodes
         remote_hosts = not plan.hosts or not all(is_loopback(h) for h, _ in plan.hosts)

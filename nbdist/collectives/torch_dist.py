@@ -8,14 +8,21 @@ signature and all raise the same clear error. Gradient buckets skip the check: t
 checked once, when the model's scope exits.
 
 Note [Naming the missing rank] and Note [Raw collectives]: see `nbdist.collectives.liveness`.
+
+Note [A store on one address]: torch's `TCPStore` server listens on every interface, and the
+store has no authentication. Rank 0 therefore opens the listening socket itself, on the
+rendezvous address only (127.0.0.1 for a cluster on one machine), and hands it to the store
+(`master_listen_fd`); with an address that is not this machine's own, torch's default applies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -532,23 +539,74 @@ def _connect_store(
 
 
 def _open_store(addr: str, port: int, rank: int, world_size: int, timeout: float, is_master: bool):
+    listener = _listen_on(addr, port) if is_master else None
     try:
+        if listener is not None:
+            return dist.TCPStore(
+                addr, port, world_size, True, timedelta(seconds=timeout),
+                wait_for_workers=False, master_listen_fd=listener.detach(),
+            )  # fmt: skip
         return dist.TCPStore(
             addr, port, world_size, is_master, timedelta(seconds=timeout),
             wait_for_workers=False,
         )  # fmt: skip
     except (RuntimeError, OSError) as error:
+        if listener is not None:
+            listener.close()
         text = str(error).lower()
         if "address already in use" in text or "eaddrinuse" in text or "errno 98" in text:
-            raise RendezvousError(
-                f"Port {port} on {addr} is already in use, so rank 0 cannot host the "
-                "rendezvous. Choose a free port (MASTER_PORT, or the first address in "
-                "TF_CONFIG), or stop the process holding it."
-            ) from error
+            raise _port_in_use(addr, port) from error
         raise RendezvousError(
             f"Rank {rank} could not reach the rendezvous at {addr}:{port} within {timeout:g} s "
             f"({error}). Check that rank 0 is running and the address and port are right."
         ) from error
+
+
+def _port_in_use(addr: str, port: int) -> RendezvousError:
+    return RendezvousError(
+        f"Port {port} on {addr} is already in use, so rank 0 cannot host the rendezvous. "
+        "Choose a free port (MASTER_PORT, or the first address in TF_CONFIG), or stop the "
+        "process holding it."
+    )
+
+
+def _listen_on(addr: str, port: int) -> socket.socket | None:
+    """A socket listening on `addr:port` only, for the store server (Note [A store on one
+    address]); None when `addr` is not an address of this machine (torch then listens on
+    every interface, as before)."""
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    local = _local_addresses()
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)  # IPv4 first, as clients try it
+    for family, kind, proto, _, sockaddr in infos:
+        if sockaddr[0] not in local:
+            continue
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(sockaddr)
+            listener.listen(socket.SOMAXCONN)
+        except OSError as error:
+            listener.close()
+            if error.errno == errno.EADDRINUSE:
+                raise _port_in_use(addr, port) from error
+            continue
+        return listener
+    return None
+
+
+def _local_addresses() -> set[str]:
+    """The IP addresses of this machine's interfaces (loopback always included)."""
+    found = {"127.0.0.1", "::1"}
+    with contextlib.suppress(Exception):
+        import psutil
+
+        for addresses in psutil.net_if_addrs().values():
+            found.update(a.address.split("%")[0] for a in addresses if a.family in (
+                socket.AF_INET, socket.AF_INET6))  # fmt: skip
+    return found
 
 
 def _all_gather_flat(output: torch.Tensor, local: torch.Tensor, async_op: bool = False) -> Any:
