@@ -26,6 +26,7 @@ BENCHMARKS = [
     ("multi_worker_training", "bench_multi_worker_training.py"),
     ("multi_worker_batch_reduce", "bench_multi_worker_batch_reduce.py"),
     ("engines", "bench_engines.py"),
+    ("checkpoint", "bench_checkpoint.py"),
 ]
 
 

@@ -8,8 +8,10 @@ object as it was. Imports the other nbdist.checkpoint modules and nbdist.context
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from nbdist import context
 from nbdist.checkpoint.fileformat import load, payload, write_atomic
@@ -19,7 +21,24 @@ from nbdist.errors import CheckpointError, CheckpointMismatchError, CheckpointTy
 
 __all__ = ["read", "restore", "save"]
 
+_F = TypeVar("_F", bound=Callable[..., Any])
 
+
+def _public(fn: _F) -> _F:
+    """Raise checkpoint errors from the public function itself: the user's traceback shows
+    their call and this one line, not the checks inside nbdist (the cause stays chained)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CheckpointError as error:
+            raise error.with_traceback(None) from error.__cause__
+
+    return wrapper  # type: ignore[return-value]
+
+
+@_public
 def save(path: str | os.PathLike[str], /, **objects: Any) -> str:
     """Save named objects to one checkpoint file, written once and atomically.
 
@@ -73,6 +92,7 @@ def save(path: str | os.PathLike[str], /, **objects: Any) -> str:
     return where
 
 
+@_public
 def restore(path: str | os.PathLike[str], /, **objects: Any) -> None:
     """Restore named objects, in place, from a checkpoint written by `save`.
 
@@ -127,6 +147,7 @@ def restore(path: str | os.PathLike[str], /, **objects: Any) -> None:
     workers.settle(error, f"Restoring checkpoint {where!r}")
 
 
+@_public
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The saved states by name, without restoring them: `{name: state}`.
 
