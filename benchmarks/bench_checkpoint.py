@@ -59,7 +59,7 @@ def atomic_torch_save(state: dict, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--trials", type=int, default=15, help="trials per variant")
+    parser.add_argument("--trials", type=int, default=31, help="trials per variant")
     parser.add_argument("--width", type=int, default=1024, help="hidden width of the MLP")
     args, env = parse_in_process_args(parser, argv, quick={"trials": 3, "width": 256})
 

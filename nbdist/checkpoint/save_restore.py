@@ -47,11 +47,11 @@ def save(path: str | os.PathLike[str], /, **objects: Any) -> str:
     a distributed iterator its position in global batches and examples, so the run can resume
     on another number of replicas; tensors, `torch.Generator`s, dicts of plain values (e.g.
     `progress={"epoch": 3}`) and any object with `state_dict`/`load_state_dict` (LR
-    schedulers) are saved too. Call it outside `strategy.run` (a worker with one replica may
-    also call it inside). With several workers (a script
-    under torchrun, `%%distribute` engines) call it on every worker: the worker whose
-    `strategy.extended.should_checkpoint` is True writes, and every worker returns only once
-    the file is complete, or raises the same error.
+    schedulers) are saved too. Call it outside `strategy.run`, or inside it on every replica
+    (the replicas then wait while it runs once: one consistent checkpoint). With several
+    workers (a script under torchrun, `%%distribute` engines) call it on every worker: the
+    worker whose `strategy.extended.should_checkpoint` is True writes, and every worker
+    returns only once the file is complete, or raises the same error.
 
     Args:
         path: The file to write (its directory must exist). It is replaced atomically: a
@@ -74,8 +74,13 @@ def save(path: str | os.PathLike[str], /, **objects: Any) -> str:
         ['bias', 'weight']
     """
     where = _path(path, "save")
-    _outside_run("save")
     _named(objects, "save", "nd.checkpoint.save(path, model=model, optimizer=optimizer)")
+    if _in_replica_threads():
+        return _once_for_the_replicas("save", _save, where, objects)
+    return _save(where, **objects)
+
+
+def _save(where: str, **objects: Any) -> str:
     workers = Workers.for_objects(objects)
     error: BaseException | None = None
     try:
@@ -103,7 +108,7 @@ def restore(path: str | os.PathLike[str], /, **objects: Any) -> None:
     written back by its aggregation (SUM: value / replicas on each of them), so it may be
     restored into another number of replicas. A distributed iterator must be fresh
     (`iter(dataset)`, nothing taken yet): it skips the global batches already trained on.
-    Call it outside `strategy.run`, on every worker.
+    Call it on every worker, outside `strategy.run` or inside it on every replica.
 
     Raises:
         CheckpointError: the file is missing, unreadable, truncated ("was not completely
@@ -119,8 +124,14 @@ def restore(path: str | os.PathLike[str], /, **objects: Any) -> None:
         tensor([1., 1.])
     """
     where = _path(path, "restore")
-    _outside_run("restore")
     _named(objects, "restore", "nd.checkpoint.restore(path, model=model, optimizer=optimizer)")
+    if _in_replica_threads():
+        _once_for_the_replicas("restore", _restore, where, objects)
+        return
+    _restore(where, **objects)
+
+
+def _restore(where: str, **objects: Any) -> None:
     workers = Workers.for_objects(objects)
     error: BaseException | None = None
     entries: dict[str, Any] = {}
@@ -178,18 +189,51 @@ def _path(path: Any, verb: str) -> str:
     return os.fspath(path)
 
 
-def _outside_run(verb: str) -> None:
-    """Refuse calls from the replica threads of an in-process strategy (one call per worker
-    covers all its replicas); a worker with one replica (torchrun, engines) may call it in
-    `strategy.run`, which is also how `cluster.strategy.run` reaches the engines."""
+def _in_replica_threads() -> bool:
+    """True inside `strategy.run` of an in-process strategy with several local replicas."""
     replica = context.current_replica_context()
-    if replica is not None and len(replica.strategy.extended.worker_devices) > 1:
-        raise CheckpointError(
-            f"nd.checkpoint.{verb} was called inside strategy.run (replica "
-            f"{replica.replica_id_in_sync_group}). Call it outside strategy.run, in "
-            f"cross-replica context: every replica holds the same state, so one call per "
-            f"worker covers them all."
-        )
+    return replica is not None and len(replica.strategy.extended.worker_devices) > 1
+
+
+class _Call:
+    """One replica's arguments, kept whole through `merge_call` (not split into leaves)."""
+
+    def __init__(self, where: str, objects: dict[str, Any]):
+        self.where, self.objects = where, objects
+
+
+def _once_for_the_replicas(
+    verb: str, fn: Callable[..., Any], where: str, objects: dict[str, Any]
+) -> Any:
+    """Run `fn(where, **objects)` once, in cross-replica context, while the local replicas
+    wait (`merge_call`); every replica gets its result or its error. The replicas hold the
+    same state, so they must pass the same path and the same objects."""
+
+    def merged(strategy: Any, calls: Any) -> Any:
+        calls = tuple(getattr(calls, "values", (calls,)))
+        first = calls[0]
+        for other in calls[1:]:
+            if (
+                other.where != first.where
+                or other.objects.keys() != first.objects.keys()
+                or any(other.objects[name] is not first.objects[name] for name in first.objects)
+            ):
+                raise CheckpointError(
+                    f"nd.checkpoint.{verb} was called inside strategy.run with different paths "
+                    f"or objects on different replicas ({first.where!r} with "
+                    f"{sorted(first.objects)} vs {other.where!r} with {sorted(other.objects)}). "
+                    f"The replicas hold the same state: pass the same path and objects on every "
+                    f"replica, or call it once outside strategy.run."
+                )
+        result = fn(first.where, **first.objects)
+        replicas = getattr(strategy, "_replicas", None)
+        if verb == "restore" and replicas is not None:
+            replicas.synchronize()  # the other replicas' copies, before they go on in this run
+        return result
+
+    replica = context.current_replica_context()
+    assert replica is not None
+    return replica.merge_call(merged, args=(_Call(where, objects),))
 
 
 def _named(objects: dict[str, Any], verb: str, example: str) -> None:

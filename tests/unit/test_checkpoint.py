@@ -263,6 +263,13 @@ def test_read_only_directory_is_refused(tmp_path):
         nd.checkpoint.save(folder / "ckpt.pt", w=torch.ones(1))
 
 
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs Linux's sysfs")
+def test_a_directory_even_root_cannot_write_is_refused():
+    # sysfs refuses new files to every user, root included (unlike a chmod'ed directory).
+    with pytest.raises(nd.CheckpointError, match=r"'/sys' is not writable \(Permission denied"):
+        nd.checkpoint.save("/sys/nbdist-checkpoint.pt", w=torch.ones(1))
+
+
 def test_checkpoint_of_another_model_is_refused_and_changes_nothing(tmp_path):
     path = nd.checkpoint.save(tmp_path / "c.pt", model=torch.nn.Linear(4, 3))
     other = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 1))
@@ -357,10 +364,35 @@ def test_objects_that_cannot_be_checkpointed(tmp_path):
     assert not os.listdir(tmp_path)
 
 
-def test_save_inside_strategy_run_is_refused(tmp_path):
-    strategy = nd.MirroredStrategy(_devices(2))
-    with pytest.raises(nd.CheckpointError, match=r"inside strategy\.run"):
-        strategy.run(lambda: nd.checkpoint.save(tmp_path / "c.pt", w=torch.ones(1)))
+def test_saving_from_every_replica_writes_one_consistent_checkpoint(tmp_path, monkeypatch):
+    import nbdist.checkpoint.save_restore as save_restore
+
+    writes = []
+    real = save_restore.write_atomic
+    monkeypatch.setattr(save_restore, "write_atomic", lambda *a: (writes.append(1), real(*a)))
+    run = Run(3)
+    run.train(2)
+    path = str(tmp_path / "c.pt")
+    progress = {"epoch": 1}
+    saved = run.strategy.run(
+        lambda: nd.checkpoint.save(path, model=run.model, seen=run.seen, progress=progress)
+    )
+    assert saved == path and len(writes) == 1
+    assert nd.checkpoint.read(path)["seen"]["value"].item() == 2 * GLOBAL_BATCH  # aggregated
+    expected = run.params()
+    run.train(1)
+    progress["epoch"] = 5
+    run.strategy.run(lambda: nd.checkpoint.restore(path, model=run.model, progress=progress))
+    assert torch.equal(run.params(), expected) and progress == {"epoch": 1}
+    for components in iterate_components(run.strategy._replicas):  # restored on every replica
+        assert all(torch.equal(c, components[0]) for c in components[1:])
+    with pytest.raises(nd.CheckpointError, match="different paths or objects on different"):
+        run.strategy.run(
+            lambda: nd.checkpoint.save(
+                str(tmp_path / f"c{nd.get_replica_context().replica_id_in_sync_group}.pt"),
+                model=run.model,
+            )
+        )
 
 
 def test_iterator_position_must_fit(tmp_path):
