@@ -28,6 +28,7 @@ __all__ = [
     "reform",
     "release_peers",
     "store",
+    "where",
 ]
 
 _state: dict[str, Any] = {"namespace": None, "strategy": None, "rank": None}
@@ -266,6 +267,7 @@ def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
     directly that failed because a peer that failed left the group (Note [Raw collectives] in
     `nbdist.collectives.torch_dist`) is secondary, and its message names that peer."""
     reply = _wire.failure(error, stage)
+    reply["where"] = where(error)
     if reply["secondary"]:
         return reply
     from nbdist.collectives.torch_dist import raised_in_torch_distributed
@@ -292,6 +294,31 @@ def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
                 f"{reply['evalue']}"
             )
     return reply
+
+
+def where(error: BaseException) -> str:
+    """Where the user's code was when `error` was raised, in a few words: the innermost frame
+    outside nbdist, torch and ipyparallel (a cell's line with its source), and the
+    `torch.distributed` function it was in, if any.
+
+    Example: `"at line 3 (dist.recv(t, src=1)), in torch.distributed.recv"`.
+    """
+    import traceback as traceback_module
+
+    from nbdist.collectives.liveness import C10D_FILE
+
+    frames = traceback_module.extract_tb(error.__traceback__)
+    library = f"{os.sep}torch{os.sep}"
+    user = [f for f in frames if not _wire.is_internal(f.filename) and library not in f.filename]
+    text = ""
+    if user:
+        frame = user[-1]
+        source = (frame.line or "").strip()
+        text = f"at line {frame.lineno}" + (f" ({source[:60]})" if source else "")
+    inside = [f for f in frames if f.filename.endswith(C10D_FILE)]
+    if inside:
+        text += f", in torch.distributed.{inside[-1].name}"
+    return text.lstrip(", ")
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ __all__ = [
     "dumps",
     "encode",
     "failure",
+    "is_internal",
     "is_namespace_function",
     "loads",
     "portable",
@@ -205,6 +206,11 @@ def failure(error: BaseException, stage: str) -> dict[str, Any]:
 
 
 _PLUMBING = (f"{os.sep}ipyparallel{os.sep}", f"{os.sep}torch{os.sep}utils{os.sep}_pytree.py")
+
+
+def is_internal(filename: str) -> bool:
+    """True for frames of nbdist and of the machinery that calls the user's function."""
+    return _internal(filename)
 
 
 def _internal(filename: str) -> bool:

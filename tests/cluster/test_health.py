@@ -20,6 +20,7 @@ from nbdist.cluster import EngineTimeoutError, RemoteError
 from nbdist.cluster.errors import ClusterUnusableError
 from nbdist.errors import NbdistError
 from nbdist.magics._cell import distribute_cell
+from nbdist.magics.core import DistMagics
 
 pytestmark = pytest.mark.cluster
 
@@ -128,7 +129,7 @@ def test_a_cell_timeout_with_both_blocked_in_recv(cluster):
     _usable_and_right(cluster)
 
 
-def test_an_engine_that_stays_busy_makes_the_cluster_unusable_until_restart(cluster):
+def test_an_engine_that_stays_busy_makes_the_cluster_unusable_until_restart(cluster, capsys):
     """Last: an engine that ignores SIGINT outlives the timeout; nothing may queue behind it
     or pair with it, so cells and strategy.run refuse, naming what happened and the fix."""
     cell = (
@@ -147,5 +148,10 @@ def test_an_engine_that_stays_busy_makes_the_cluster_unusable_until_restart(clus
     with pytest.raises(ClusterUnusableError, match=r"cluster.restart\(\)"):
         cluster.strategy.run(the_right_sum)
     assert "unusable" in repr(cluster)
+    magics = DistMagics(None)  # `%dist status` of a notebook holding this cluster
+    magics.cluster = cluster
+    magics._status([])
+    shown = capsys.readouterr().out
+    assert "unusable: a %%distribute cell timed out" in shown and "%dist restart" in shown
     # (restarting recovers: tests/cluster/test_cluster.py::test_lifecycle; the module's
     # finalizer stops this cluster and checks that none of its processes is left)

@@ -1,0 +1,181 @@
+"""Ctrl-C and kernel restarts in a real kernel (issue 12, items 2 and 3), via jupyter_client.
+
+One kernel (this interpreter's ipykernel) serves the module, with `%load_ext nbdist` and
+`%dist start -n 2`. Each interrupt test runs a `%%distribute` cell that prints a marker on
+every replica and then blocks (a Python loop, `time.sleep`, a collective whose peer sleeps,
+`dist.recv` on both), interrupts the kernel as JupyterLab's stop button does (SIGINT to the
+kernel process) once both markers are shown, and checks that the reply comes back within
+`INTERRUPT_RETURN_S`, as one line saying what each replica was doing and that the cluster is
+usable (no traceback through threading.py), and that the next collective is right. The last
+test restarts the kernel (killing it) and checks every process of its cluster is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import sys
+import time
+
+import psutil
+import pytest
+from jupyter_client.manager import KernelManager
+
+from nbdist.testing import assert_processes_gone
+from tests.jupyter.conftest import EXTENSION
+
+pytestmark = pytest.mark.cluster
+
+INTERRUPT_RETURN_S = 5.0
+"""The issue's bound: control is back within 5 s of Ctrl-C on every path."""
+CELL_TIMEOUT_S = 120.0
+GONE_WITHIN_S = 20.0
+
+RIGHT_SUM = (
+    "%%distribute\n"
+    "import torch.distributed as dist\n"
+    "t = torch.tensor([10.0 * (dist.get_rank() + 1)])\n"
+    "dist.all_reduce(t)\n"
+    "print('sum', t.item())\n"
+)
+
+BLOCKING = {
+    "python loop": "while True:\n    pass\n",
+    "time.sleep": "import time\ntime.sleep(600)\n",
+    "blocked collective": (
+        "import time, torch.distributed as dist\n"
+        "if dist.get_rank() == 0:\n"
+        "    dist.all_reduce(torch.ones(1))\n"
+        "else:\n"
+        "    time.sleep(600)\n"
+    ),
+    "blocked recv": (
+        "import torch.distributed as dist\ndist.recv(torch.zeros(1), src=1 - dist.get_rank())\n"
+    ),
+}
+
+
+class Kernel:
+    """A started kernel and its client; `run(code)` returns (text, error content)."""
+
+    def __init__(self, km: KernelManager):
+        self.km = km
+        self.client = km.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=CELL_TIMEOUT_S)
+
+    def send(self, code: str) -> str:
+        return self.client.execute(code)
+
+    def collect(self, msg_id: str, until=None, timeout: float = CELL_TIMEOUT_S):
+        """Outputs of `msg_id` until idle (or until `until(text)` is true): (text, error)."""
+        text, error = "", None
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no idle within {timeout} s; got {text!r}"
+            try:
+                msg = self.client.get_iopub_msg(timeout=remaining)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                text += content["text"]
+            elif kind == "error":
+                error = content
+            elif kind in ("execute_result", "display_data"):
+                text += content["data"].get("text/plain", "")
+            elif kind == "status" and content["execution_state"] == "idle":
+                return text, error
+            if until is not None and until(text):
+                return text, error
+
+    def reply(self, msg_id: str, timeout: float = CELL_TIMEOUT_S) -> dict:
+        """The shell reply to `msg_id` (earlier replies are skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no reply within {timeout} s"
+            msg = self.client.get_shell_msg(timeout=remaining)
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    def run(self, code: str, timeout: float = CELL_TIMEOUT_S):
+        msg_id = self.send(code)
+        outputs = self.collect(msg_id, timeout=timeout)
+        self.reply(msg_id, timeout=timeout)
+        return outputs
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    root = tmp_path_factory.mktemp("jupyter")
+    spec = root / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    kernel_json = {"argv": argv, "display_name": "nbdist test kernel", "language": "python"}
+    (spec / "kernel.json").write_text(json.dumps(kernel_json))
+    env = {**os.environ, "JUPYTER_PATH": str(root), "IPYTHONDIR": str(root / "ipython")}
+    km = KernelManager(kernel_name="python3")
+    km.kernel_spec_manager.kernel_dirs.insert(0, str(root / "kernels"))
+    km.start_kernel(env=env)
+    pids: list[int] = []
+    try:
+        k = Kernel(km)
+        text, error = k.run(f"%load_ext {EXTENSION}\n%dist start -n 2")
+        assert error is None, error
+        text, error = k.run(
+            "from nbdist.magics import current_cluster\nprint('PIDS', *current_cluster().processes)"
+        )
+        pids = [int(p) for p in text.split("PIDS", 1)[1].split()]
+        k.pids = pids
+        yield k
+    finally:
+        with contextlib.suppress(Exception):
+            km.client().stop_channels()
+        if km.is_alive():
+            with contextlib.suppress(Exception):
+                k.run("%dist stop", timeout=60)
+        km.shutdown_kernel(now=True)
+        for pid in pids:  # never leave anything behind, even when a test fails
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+
+
+@pytest.mark.parametrize("path", list(BLOCKING))
+def test_ctrl_c_returns_within_5_s_with_one_line(kernel, path):
+    cell = "%%distribute\nprint('started', flush=True)\n" + BLOCKING[path]
+    msg_id = kernel.send(cell)
+    text, error = kernel.collect(msg_id, until=lambda t: "[0] started" in t and "[1] started" in t)
+    assert error is None, error
+    begin = time.monotonic()
+    kernel.km.interrupt_kernel()
+    reply = kernel.reply(msg_id)
+    seconds = time.monotonic() - begin
+    _, error = kernel.collect(msg_id)
+    print(f"\nCtrl-C during {path}: back after {seconds:.1f} s: {error and error['evalue']}")
+    assert seconds < INTERRUPT_RETURN_S
+    assert reply["content"]["status"] == "error" and error is not None
+    assert error["ename"] == "ClusterInterrupted"
+    shown = "\n".join(error["traceback"])
+    assert "threading.py" not in shown and len(error["traceback"]) == 1
+    assert "replica 0:" in error["evalue"] and "replica 1:" in error["evalue"]
+    assert "usable" in error["evalue"] and "unusable" not in error["evalue"]
+    text, error = kernel.run(RIGHT_SUM)
+    assert error is None, error
+    assert "[0] sum 30.0" in text and "[1] sum 30.0" in text
+
+
+def test_a_killed_kernel_leaves_no_process_of_its_cluster(kernel):
+    """Last: restart the kernel through jupyter_client, killing it (as a restart of a kernel
+    that does not answer does); every process of its cluster stops by itself."""
+    assert kernel.pids and all(psutil.pid_exists(pid) for pid in kernel.pids)
+    begin = time.monotonic()
+    kernel.km.restart_kernel(now=True)
+    assert_processes_gone(tuple(kernel.pids), GONE_WITHIN_S)
+    print(f"\nkernel restart: all {len(kernel.pids)} processes gone after "
+          f"{time.monotonic() - begin:.1f} s")  # fmt: skip
