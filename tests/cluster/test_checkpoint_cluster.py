@@ -17,6 +17,8 @@ import nbdist as nd
 from nbdist.cluster import Cluster, RemoteError
 from tests.cluster.conftest import stop_and_check
 
+pytestmark = pytest.mark.cluster
+
 STEPS, SAVE_AT, GLOBAL_BATCH = 8, 3, 12
 
 SETUP = f"""

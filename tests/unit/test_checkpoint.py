@@ -34,10 +34,14 @@ def _devices(n: int) -> list[str]:
 
 
 class Run:
-    """A small regression model trained with SGD+momentum on `MirroredStrategy(n replicas)`."""
+    """A small regression model trained with SGD+momentum on `MirroredStrategy(n replicas)`
+    (or `CentralStorageStrategy` over n compute devices)."""
 
-    def __init__(self, replicas: int, data=None):
-        self.strategy = nd.MirroredStrategy(_devices(replicas))
+    def __init__(self, replicas: int, data=None, *, central: bool = False):
+        if central:
+            self.strategy = nd.CentralStorageStrategy(_devices(replicas))
+        else:
+            self.strategy = nd.MirroredStrategy(_devices(replicas))
         torch.manual_seed(1)
         with self.strategy.scope():
             self.model = torch.nn.Sequential(
@@ -201,6 +205,19 @@ def test_resuming_on_other_replicas_continues_like_an_uninterrupted_run(tmp_path
     for components in iterate_components(second.strategy._replicas):
         for component in components[1:]:
             assert torch.equal(component, components[0])
+
+
+def test_central_storage_resumes_on_other_compute_devices(tmp_path):
+    uninterrupted = Run(2, central=True)
+    uninterrupted.train(STEPS)
+    first = Run(2, central=True)
+    first.train(3)
+    path = nd.checkpoint.save(tmp_path / "ckpt.pt", **first.objects())
+    second = Run(3, central=True)
+    nd.checkpoint.restore(path, **second.objects())
+    second.train(STEPS - 3)
+    assert torch.allclose(second.params(), uninterrupted.params(), atol=1e-6, rtol=0)
+    assert float(second.seen.read_value()) == STEPS * GLOBAL_BATCH
 
 
 def test_restoring_an_optimizer_reaches_every_replicas_copy(tmp_path):
@@ -409,3 +426,44 @@ def test_iterator_position_must_fit(tmp_path):
     started.train(1)
     with pytest.raises(nd.CheckpointError, match="fresh iter"):
         nd.checkpoint.restore(path, iterator=started.iterator)
+
+
+def test_a_sharded_dataloader_skips_by_index_and_resumes_on_other_workers():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from nbdist.input import distribute_dataset
+
+    class Counting(TensorDataset):
+        reads = 0
+
+        def __getitem__(self, index):
+            Counting.reads += 1
+            return super().__getitem__(index)
+
+    rows = torch.arange(48.0).reshape(48, 1)
+
+    def worker(index, workers, data=rows):
+        loader = DataLoader(Counting(data), batch_size=12, shuffle=True,
+                            generator=torch.Generator().manual_seed(3))  # fmt: skip
+        dataset = distribute_dataset(
+            loader, devices=("cpu:0",), num_replicas_in_sync=workers, num_workers=workers,
+            worker_index=index,
+        )  # fmt: skip
+        return iter(dataset)
+
+    saved_on_two = worker(0, 2)
+    taken = [next(saved_on_two) for _ in range(2)]
+    state = saved_on_two.state_dict()
+    assert (state["batches"], state["examples"]) == (2, 24)
+    reference = [batch for batch in worker(0, 1)]  # the global batches, on one worker
+    assert torch.equal(taken[1][0], reference[1][0][:6])  # worker 0 of 2: the first half
+    Counting.reads = 0
+    resumed = [worker(index, 3) for index in range(3)]
+    for iterator in resumed:
+        iterator.load_state_dict(state)
+    assert Counting.reads == 3 * 4  # skipped batches were not read: only the next step's rows
+    rest = [[next(it)[0] for it in resumed] for _ in range(2)]
+    for step, parts in enumerate(rest, start=2):
+        assert torch.equal(torch.cat(parts), reference[step][0])
+    with pytest.raises(CheckpointMismatchError, match="has only 1 batches"):
+        worker(0, 3, data=rows[:12]).load_state_dict(state)
