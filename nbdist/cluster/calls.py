@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
+import os
 import signal
 import sys
 import time
@@ -394,10 +396,27 @@ def checked_replies(
     state = supervisor.settle(fix)
     if not failures:
         return replies
+    died = [f.replica for f in failures if f.ename == "EngineError"]
+    if died:  # a collective that failed because a peer died is that death's consequence
+        failures = [_after_death(f, died) for f in failures]
     notes = hints(failures) if hints is not None else []
     if state:
         notes.append(state.strip())
     raise RemoteError(what, failures, len(engines), notes)
+
+
+def _after_death(failure: RemoteFailure, died: list[int]) -> RemoteFailure:
+    """`failure`, marked secondary and naming `died` if it came out of a collective."""
+    from_collective = failure.ename in _COLLECTIVE_ERRORS or (
+        os.path.join("torch", "distributed") in failure.traceback
+    )
+    if failure.ename == "EngineError" or failure.secondary or not from_collective:
+        return failure
+    return dataclasses.replace(
+        failure,
+        secondary=True,
+        evalue=f"released from a collective because replica(s) {died} died: {failure.evalue}",
+    )
 
 
 def _notes(fn: Any) -> Callable[[list[RemoteFailure]], list[str]]:

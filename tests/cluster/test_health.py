@@ -16,11 +16,12 @@ import pytest
 from ipyparallel import interactive
 
 import nbdist as nd
-from nbdist.cluster import EngineTimeoutError, RemoteError
+from nbdist.cluster import Cluster, EngineTimeoutError, RemoteError
 from nbdist.cluster.errors import ClusterUnusableError
-from nbdist.errors import NbdistError
+from nbdist.errors import NbdistError, WorkerLostError
 from nbdist.magics._cell import distribute_cell
 from nbdist.magics.core import DistMagics
+from nbdist.testing import assert_processes_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -127,6 +128,30 @@ def test_a_cell_timeout_with_both_blocked_in_recv(cluster):
     assert seconds < 3 + 8
     assert "formed again" in str(error)
     _usable_and_right(cluster)
+
+
+def test_an_engine_killed_in_a_collective_is_the_named_cause(tmp_path, monkeypatch):
+    """Replica 1's process is killed while replica 0 waits for it in dist.all_reduce: the
+    error comes at once, shows replica 1's death as the cause (not the survivor's
+    traceback), and the cluster is unusable. A cluster of its own: this one cannot recover."""
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+    with Cluster(n=2, timeout=90.0) as own:
+        pids = own.processes
+        cell = (
+            "import os, signal, torch.distributed as dist\n"
+            "if dist.get_rank() == 1:\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "dist.all_reduce(torch.ones(1))\n"
+        )
+        error, seconds = _timed("engine SIGKILLed in a collective", distribute_cell, own,
+                                cell, timeout=60)  # fmt: skip
+        assert isinstance(error, RemoteError) and seconds < 15
+        assert error.first.replica == 1 and error.first.ename == "EngineError"
+        assert error.failures[0].secondary and "replica(s) [1] died" in error.failures[0].evalue
+        assert "unusable" in str(error) and own.broken is not None
+        with pytest.raises(WorkerLostError, match=r"replica\(s\) \[1\] are dead"):
+            distribute_cell(own, RIGHT_SUM, timeout=60)
+    assert_processes_gone(pids)
 
 
 def test_an_engine_that_stays_busy_makes_the_cluster_unusable_until_restart(cluster, capsys):
