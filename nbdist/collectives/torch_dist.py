@@ -171,7 +171,13 @@ class DistGroup:
         if self._aborted is None:
             self._aborted = decode_abort(value)
             self._broken = self._aborted[0]
-        self._sockets.shutdown()
+        if self.backend == "gloo":
+            self._sockets.shutdown()
+        elif self._owns_group and dist.is_initialized():
+            # NCCL (and other backends) abort their communicators themselves; untested here
+            # (CPU-only CI), and a failure to abort leaves the group's timeout in charge.
+            with contextlib.suppress(Exception):
+                dist.group.WORLD.abort()
 
     def reform(self, generation: str) -> None:
         """Leave the group and form a new one under `generation` (every rank, all idle).
