@@ -93,7 +93,8 @@ def _save(where: str, **objects: Any) -> str:
             )
     except Exception as caught:
         error = caught
-    workers.settle(error, f"Saving checkpoint {where!r}")
+    written = " This worker wrote the file completely." if workers.is_writer else ""
+    workers.settle(error, f"Saving checkpoint {where!r}", done="" if error else written)
     return where
 
 

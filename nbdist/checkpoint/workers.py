@@ -61,12 +61,13 @@ class Workers:
             return True
         return bool(self.strategy.extended.should_checkpoint)
 
-    def settle(self, error: BaseException | None, what: str) -> None:
+    def settle(self, error: BaseException | None, what: str, *, done: str = "") -> None:
         """Tell every worker each worker's outcome; raise the first failure on all of them.
 
         A worker that failed re-raises its own error; the others raise the same class with
         the failed worker named. Every worker must call it (Note [One writer, every worker
-        told]).
+        told]). `done` is added when another worker did not take part (e.g. "the file was
+        written").
         """
         if self.count <= 1:
             if error is not None:
@@ -77,7 +78,19 @@ class Workers:
             text = f"{type(error).__name__}\n{error}".encode(errors="replace")[: _ROW - 1]
             row[0] = 1
             row[1 : 1 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-        rows = self.strategy._gather_across_workers(row.reshape(1, _ROW), 0)
+        try:
+            rows = self.strategy._gather_across_workers(row.reshape(1, _ROW), 0)
+        except errors.NbdistError as lost:  # a worker that never came, died or did otherwise
+            if error is not None:
+                raise error from lost
+            missing = list(getattr(lost, "missing", ()))
+            who = f"worker(s) {missing}" if missing else "another worker"
+            raise CheckpointError(
+                f"{what} on worker {self.index} of {self.count} failed: {who} did not take "
+                f"part. Call nd.checkpoint.save and restore on every worker, not only where "
+                f"strategy.extended.should_checkpoint is True: one worker writes, the others "
+                f"wait until the file is complete.{done} ({type(lost).__name__}: {lost})"
+            ) from lost
         failed = [w for w in range(self.count) if int(rows[w, 0]) == 1]
         if not failed:
             return

@@ -125,6 +125,36 @@ strategy.shutdown()
 """
 
 
+ONLY_WRITER = r"""
+import os, pathlib, time
+import torch
+torch.set_num_threads(1)
+import nbdist as nd
+
+strategy = nd.MultiWorkerMirroredStrategy(
+    communication_options=nd.experimental.CommunicationOptions(timeout_seconds=5))
+rank = strategy.cluster_resolver.task_id
+done = pathlib.Path(os.environ["FOLDER"]) / "done"
+with strategy.scope():
+    model = torch.nn.Linear(2, 2)
+out = {}
+if strategy.extended.should_checkpoint:  # the mistake: only the writer calls save
+    started = time.monotonic()
+    try:
+        nd.checkpoint.save(os.path.join(os.environ["FOLDER"], "c.pt"), model=model)
+        out = {"ok": True}
+    except Exception as error:
+        out = {"type": type(error).__name__, "message": str(error),
+               "elapsed": time.monotonic() - started}
+    done.touch()
+else:  # stays alive (heartbeats) and takes no part
+    deadline = time.monotonic() + 60
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+report(out)
+"""
+
+
 def _launch(code: str, workers: int, **env: str):
     port = free_port()
     envs = [{**torchrun_env(rank, workers, port), **env} for rank in range(workers)]
@@ -193,3 +223,12 @@ def test_a_file_missing_on_one_worker_fails_the_restore_on_both(errors):
     assert theirs["type"] == "CheckpointError"
     assert "failed on worker 1" in theirs["message"] and "does not exist" in theirs["message"]
     assert [out["still_usable"].get("ok") for out in errors] == [True, True]
+
+
+def test_saving_on_the_writer_only_names_the_mistake(tmp_path):
+    writer, _ = _launch(ONLY_WRITER, 2, FOLDER=str(tmp_path))
+    assert writer["type"] == "CheckpointError", writer
+    assert "worker(s) [1] did not take part" in writer["message"]
+    assert "not only where strategy.extended.should_checkpoint is True" in writer["message"]
+    assert "This worker wrote the file completely" in writer["message"]
+    assert writer["elapsed"] < 30
