@@ -109,6 +109,30 @@ def test_the_same_through_nbdist_collectives(cluster):
     _usable_and_right(cluster)
 
 
+@interactive
+def collective_timeout_on_zero_while_one_is_late():
+    import time
+
+    ctx = nd.get_replica_context()
+    if ctx.replica_id_in_sync_group == 1:
+        time.sleep(6)  # late: replica 0's collective has timed out by now
+    options = nd.experimental.CommunicationOptions(timeout_seconds=2)
+    return ctx.all_reduce("sum", torch.ones(1), options=options)  # noqa: F821
+
+
+def test_a_collective_timeout_releases_the_late_replica_too(cluster):
+    """Replica 0's collective times out (CollectiveTimeoutError naming replica 1); replica 1
+    arrives later and must not wait in vain for a partner that has left: its collective
+    fails at once, and the group is formed again."""
+    error, seconds = _timed("CollectiveTimeoutError, then the late replica", cluster.strategy.run,
+                            collective_timeout_on_zero_while_one_is_late, timeout=60)  # fmt: skip
+    assert isinstance(error, RemoteError) and seconds < 6 + 8
+    zero = error.failures[0]
+    assert zero.replica == 0 and zero.ename == "CollectiveTimeoutError" and "rank 1" in zero.evalue
+    assert "formed again" in str(error)
+    _usable_and_right(cluster)
+
+
 def test_a_timeout_with_a_blocked_collective_leaves_the_cluster_right(cluster):
     """Replica 0 blocked in C (dist.all_reduce), replica 1 in time.sleep: the timeout
     interrupts both and abandons the group, then forms it again."""
