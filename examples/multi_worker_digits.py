@@ -24,13 +24,21 @@ download). Run from the repository root with the virtual environment active:
     # gradients sent at half width
     torchrun --nproc-per-node 2 examples/multi_worker_digits.py --compression bf16
 
+    # a checkpoint after every epoch; run again (on any number of workers) to resume from it
+    torchrun --nproc-per-node 2 examples/multi_worker_digits.py --epochs 2 --checkpoint ckpt.pt
+    torchrun --nproc-per-node 3 examples/multi_worker_digits.py --epochs 4 --checkpoint ckpt.pt
+
 All three print the same per-epoch losses and the same final accuracy (the two-worker runs
 bit for bit; the single worker up to float rounding, since it sums the batch in another order).
+A run resumed from a checkpoint continues with the losses of an uninterrupted run (up to float
+rounding when the number of workers changed): the global batch stays 64, and the checkpoint
+holds the shuffle generator's state, so the next epoch draws the same order.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 import torch
@@ -66,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> float:
     )
     parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     parser.add_argument("--seed", type=int, default=0, help="model, split and shuffle seed")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="file saved after every epoch, and resumed from when it exists",
+    )
     args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error("--epochs must be at least 1")
@@ -88,11 +101,12 @@ def main(argv: Sequence[str] | None = None) -> float:
     #    same DataLoader of *global* batches (the seeded generator gives every worker the same
     #    shuffle); the distributed dataset makes each worker read only its replicas' rows.
     x_train, y_train, x_test, y_test = demo.load_digits_data(seed=args.seed)
+    shuffle = torch.Generator().manual_seed(args.seed)
     loader = DataLoader(
         TensorDataset(x_train, y_train),
         batch_size=GLOBAL_BATCH_SIZE,
         shuffle=True,
-        generator=torch.Generator().manual_seed(args.seed),
+        generator=shuffle,
     )
     dataset = strategy.experimental_distribute_dataset(loader)
 
@@ -123,14 +137,23 @@ def main(argv: Sequence[str] | None = None) -> float:
         f"on each worker), global batch {GLOBAL_BATCH_SIZE}, compression {args.compression}, "
         f"{args.epochs} epoch(s)"
     )
-    for epoch in range(1, args.epochs + 1):
+    # 5. Resume from a checkpoint (every worker restores; any number of workers). It holds
+    #    the shuffle generator, so the next epoch draws the order an uninterrupted run would.
+    state = {"model": model, "optimizer": optimizer, "shuffle": shuffle}
+    progress = {"epoch": 0}
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        nd.checkpoint.restore(args.checkpoint, progress=progress, **state)
+        say(f"resumed from {args.checkpoint} after epoch {progress['epoch']}")
+    for epoch in range(progress["epoch"] + 1, args.epochs + 1):
         totals = torch.zeros(2)
         for x, y in dataset:
             per_replica = strategy.run(step, args=(x, y))
             totals += strategy.reduce("sum", per_replica, axis=None).cpu()
         say(f"epoch {epoch}/{args.epochs}  loss {totals[0] / totals[1]:.6f}")
+        if args.checkpoint:  # every worker calls save; the first writes, atomically
+            nd.checkpoint.save(args.checkpoint, progress={"epoch": epoch}, **state)
 
-    # 5. Rank 0 evaluates its copy (every worker's copy is bit-identical after each step).
+    # 6. Rank 0 evaluates its copy (every worker's copy is bit-identical after each step).
     accuracy = float("nan")
     if chief:
         with torch.no_grad():

@@ -8,6 +8,9 @@ worker, never a hang.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -207,8 +210,6 @@ def test_one_worker_writes_and_sync_on_read_values_are_aggregated(errors):
     ],
 )
 def test_bad_checkpoints_raise_the_same_error_on_every_worker(errors, case, kind, pattern):
-    import re
-
     for out in errors:
         error = out[case]
         assert error.get("type") == kind, error
@@ -232,3 +233,35 @@ def test_saving_on_the_writer_only_names_the_mistake(tmp_path):
     assert "not only where strategy.extended.should_checkpoint is True" in writer["message"]
     assert "This worker wrote the file completely" in writer["message"]
     assert writer["elapsed"] < 30
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multi_worker_digits.py"
+_LOSS = re.compile(r"^epoch (\d+)/(\d+)  loss ([0-9.]+)$", re.MULTILINE)
+_ACCURACY = re.compile(r"^final test accuracy: [0-9.]+ \((\d+)/360\)$", re.MULTILINE)
+
+
+def _example(workers: int, *args: str) -> str:
+    code = f"""
+        import runpy, sys
+        sys.argv = {[str(EXAMPLE), *args]!r}
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    """
+    port = free_port()
+    envs = [torchrun_env(rank, workers, port) for rank in range(workers)]
+    results = run_workers(code, envs, timeout=LAUNCH_TIMEOUT, cwd=EXAMPLE.parents[1])
+    assert_all_ok(results)
+    return results[0].stdout
+
+
+@pytest.mark.slow
+def test_the_example_script_resumes_on_three_workers(tmp_path):
+    checkpoint = str(tmp_path / "digits.pt")
+    uninterrupted = _example(2, "--epochs", "2")
+    first = _example(2, "--epochs", "1", "--checkpoint", checkpoint)
+    resumed = _example(3, "--epochs", "2", "--checkpoint", checkpoint)
+    assert "resumed from" in resumed and "after epoch 1" in resumed
+    assert [e for e, _, _ in _LOSS.findall(first)] == ["1"]
+    assert [e for e, _, _ in _LOSS.findall(resumed)] == ["2"]  # epoch 1 is not trained again
+    expected = float(_LOSS.findall(uninterrupted)[-1][2])
+    assert abs(float(_LOSS.findall(resumed)[-1][2]) - expected) <= 2e-6
+    assert _ACCURACY.findall(resumed) == _ACCURACY.findall(uninterrupted)
