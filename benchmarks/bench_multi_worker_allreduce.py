@@ -10,10 +10,11 @@ float32 tensors of 4 KiB ... 64 MiB (powers of 4), two variants are interleaved 
 
 Both sides reduce tensors of zeros (the values stay finite and constant).
 
-nbdist checks, before every user collective, that all ranks call the same collective with the
-same shapes and dtypes, with one extra small all_gather (a 64 x int64 signature per rank; see
-Note [Checked collectives] in nbdist/collectives/torch_dist.py). Its cost is shown on its own:
-at 4 KiB a variant `raw all_gather 512 B` does exactly the gather the check does. And since
+nbdist checks that all ranks call the same collective with the same shapes and dtypes: the
+first call of a layout exchanges a signature row (Note [Checked collectives] in
+nbdist/collectives/torch_dist.py); repeats ride in the all-reduce itself as one trailing element
+(Note [Agreed layouts] in nbdist/collectives/agreed.py). For reference, a variant
+`raw all_gather 512 B` does the gather a first-time check does. And since
 nbdist returns a new tensor (the input is left alone), a third anchor `raw, on a copy` runs
 `dist.all_reduce(t.clone())` at every size: what a user who needs the input kept would write
 (the fresh allocation page-faults, which costs a lot at 64 MiB). Reported: throughput ratio raw

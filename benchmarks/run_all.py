@@ -23,6 +23,7 @@ BENCHMARKS = [
     ("all_reduce", "bench_all_reduce.py"),
     ("telemetry", "bench_telemetry.py"),
     ("multi_worker_allreduce", "bench_multi_worker_allreduce.py"),
+    ("user_collective", "bench_user_collective.py"),
     ("multi_worker_training", "bench_multi_worker_training.py"),
     ("multi_worker_batch_reduce", "bench_multi_worker_batch_reduce.py"),
     ("engines", "bench_engines.py"),

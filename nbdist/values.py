@@ -220,6 +220,8 @@ def select_replica(local_index: int, structure: Any, *, unwrap_variables: bool =
         >>> select_replica(1, {"x": PerReplica([1, 2]), "y": 3})
         {'x': 2, 'y': 3}
     """
+    if type(structure) in (tuple, list, dict) and _all_plain(structure):
+        return structure  # nothing to select (the common `args=(tensor,)`): skip the walk
 
     def pick(value: Any) -> Any:
         if isinstance(value, DistributedValues) and (
@@ -229,6 +231,14 @@ def select_replica(local_index: int, structure: Any, *, unwrap_variables: bool =
         return value
 
     return pytree.tree_map(pick, structure, is_leaf=lambda v: isinstance(v, DistributedValues))
+
+
+_PLAIN_LEAVES = frozenset({torch.Tensor, int, float, bool, str, type(None)})
+
+
+def _all_plain(structure: tuple | list | dict) -> bool:
+    values = structure.values() if type(structure) is dict else structure
+    return all(type(value) in _PLAIN_LEAVES for value in values)
 
 
 def regroup(

@@ -4,7 +4,9 @@ calls torch.distributed collectives.
 Note [Checked collectives]: gloo aborts the process when ranks pass buffers of different sizes
 and silently mixes dtypes of the same width, so every user-facing collective first exchanges a
 fixed-size signature (op, shapes, dtypes) with one small `all_gather`; every rank then sees every
-signature and all raise the same clear error. Gradient buckets skip the check: their layout is
+signature and all raise the same clear error. An all-reduce whose layout all ranks already
+agreed on skips that exchange and carries the check in one trailing element (Note [Agreed
+layouts] in `nbdist.collectives.agreed`). Gradient buckets skip the check: their layout is
 checked once, when the model's scope exits.
 
 Note [Naming the missing rank] and Note [Raw collectives]: see `nbdist.collectives.liveness`.
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nbdist.collectives import agreed
 from nbdist.collectives.abort import ABORT_KEY, GroupSockets, decode_abort, encode_abort
 from nbdist.collectives.liveness import C10D_FILE, Liveness
 from nbdist.errors import (
@@ -57,6 +60,7 @@ _DIST_OPS = {
     ReduceOp.MAX: dist.ReduceOp.MAX,
     ReduceOp.MIN: dist.ReduceOp.MIN,
 }
+_WHAT = {op: f"all_reduce:{op.value}" for op in ReduceOp}
 _INLINE_BYTES = 16 * 1024
 _ROW_WIDTH = _SIGNATURE_WIDTH + _INLINE_BYTES // 8  # int64 words: signature, then inline payload
 
@@ -89,6 +93,7 @@ class DistGroup:
         self.timeout = timeout
         self.telemetry = telemetry
         self._entered = 0
+        self._layouts = agreed.AgreedLayouts()  # Note [Agreed layouts]
         self._broken: str | None = None
         self._aborted: tuple[str, tuple[int, ...], bool] | None = None
         self._owns_group = False
@@ -198,6 +203,7 @@ class DistGroup:
         self._stop.clear()
         self._prefix = f"{self._base}/{generation}"
         self._entered = 0
+        self._layouts.forget()
         self._broken = None
         self._aborted = None
         self._meet(self.timeout)
@@ -245,6 +251,7 @@ class DistGroup:
 
     def _diagnose(self, what: str, error: BaseException) -> Exception:
         """Name the ranks that did not take part in the failed collective `what`."""
+        self._layouts.forget()
         if self.aborted is not None and self._aborted is not None:
             reason, missing, _ = self._aborted
             return WorkerLostError(
@@ -271,14 +278,25 @@ class DistGroup:
         except RuntimeError as error:
             raise self._diagnose(what, error) from error
 
-    def check(self, what: str, tensors: Sequence[torch.Tensor], *, timeout: float | None = None):
+    def check(
+        self,
+        what: str,
+        tensors: Sequence[torch.Tensor],
+        *,
+        timeout: float | None = None,
+        layout: tuple | None = None,
+    ):
         """Verify every rank calls `what` with the same shapes and dtypes (one small gather).
 
-        Returns every rank's shapes, so `all_gather` can size its buffers.
+        `layout`: the all-reduce layout this check agrees on (Note [Agreed layouts]); None
+        for other collectives. Returns every rank's signature rows.
         """
         rows = self._exchange_rows(f"{what} (signature check)", _signature(what, tensors), timeout)
         rows = rows[:, :_SIGNATURE_WIDTH]
-        if not bool((rows == rows[0]).all()):
+        if _rows_agree(rows):
+            self._layouts.agreed(layout)
+        else:
+            self._layouts.broken()
             descriptions = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
             raise CollectiveMismatchError(
                 f"Workers called collectives that do not match ({descriptions}). Every worker "
@@ -301,6 +319,7 @@ class DistGroup:
         keep = torch.ones(_SIGNATURE_WIDTH, dtype=torch.bool)
         keep[column] = False
         if not bool((rows[:, keep] == rows[0, keep]).all()):
+            self._layouts.broken()
             descriptions = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
             if bool((rows[:, 0] == rows[0, 0]).all()):
                 raise CollectiveMismatchError(
@@ -311,6 +330,7 @@ class DistGroup:
                 f"Workers called collectives that do not match ({descriptions}). Every worker "
                 "must call the same collective, in the same order."
             )
+        self._layouts.agreed(None)
         return [int(n) for n in rows[:, column]]
 
     def all_reduce(
@@ -328,11 +348,22 @@ class DistGroup:
         all_gather carries every rank's signature and data, and each rank combines the rows
         in rank order (so all ranks get the same bits). Larger ones are checked, then reduced.
         """
+        key = agreed.layout_key(op, tensors) if check and compression is None else None
+        predicted = self._layouts.take() if check else None
+        if predicted is not None:
+            if key == predicted:
+                fast = self._all_reduce_agreed(tensors, key, timeout)
+                if fast is not None:
+                    return fast
+            else:
+                self._decline(predicted, timeout)
         nbytes_in = sum(-(-t.numel() * t.element_size() // 8) * 8 for t in tensors)
         if check and nbytes_in <= _INLINE_BYTES and not any(t.dtype == torch.bool for t in tensors):
-            return self._all_reduce_inline(tensors, op, timeout)
+            results = self._all_reduce_inline(tensors, op, timeout)
+            self._layouts.agreed(key)
+            return results
         if check:
-            self.check(f"all_reduce:{op.value}", tensors, timeout=timeout)
+            self.check(f"all_reduce:{op.value}", tensors, timeout=timeout, layout=key)
         start = time.perf_counter()
         results: list[Any] = [None] * len(tensors)
         by_dtype: dict[torch.dtype, list[int]] = {}
@@ -363,6 +394,52 @@ class DistGroup:
         self._record(f"all_reduce:{op.value}", nbytes, start)
         return results
 
+    def _all_reduce_agreed(
+        self, tensors: Sequence[torch.Tensor], key: tuple, timeout: float | None
+    ) -> list[torch.Tensor] | None:
+        """One all-reduce of the agreed layout `key` plus its trailer (Note [Agreed layouts]);
+        None, on every rank alike, when another rank's call differs."""
+        op, dtype, shapes = key
+        what = _WHAT[op]
+        start = time.perf_counter()
+        n = agreed.numel(key)
+        ok = agreed.flags(op)[0]
+        if len(tensors) == 1 and tensors[0].device == self.device:
+            flat = torch.cat(
+                (tensors[0].detach().reshape(-1), agreed.trailer(dtype, ok, self.device))
+            )
+        else:
+            flat = torch.empty(n + 1, dtype=dtype, device=self.device)
+            agreed.fill(flat, tensors)
+            flat[n] = ok
+        data, trailer = flat.narrow(0, 0, n), flat[n]
+        self._collective(
+            what, lambda async_op: dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op), timeout
+        )
+        if trailer.item() != ok:
+            return None  # every rank saw "changed": each now runs the full check
+        if op is ReduceOp.MEAN:
+            data = _mean(data, self.world_size)
+        if len(tensors) == 1:
+            results = [data.view(shapes[0]).to(tensors[0].device)]
+        else:
+            results = [r.to(t.device) for r, t in zip(agreed.split(data, key), tensors)]
+        self._layouts.agreed(key)
+        self._record(what, n * flat.element_size(), start)
+        return results
+
+    def _decline(self, predicted: tuple, timeout: float | None) -> None:
+        """Meet peers that expect an all-reduce of layout `predicted` with zeros and the
+        trailer "changed" (this call differs), so that every rank runs the full check next."""
+        op, dtype, _ = predicted
+        flat = torch.zeros(agreed.numel(predicted) + 1, dtype=dtype, device=self.device)
+        flat[-1] = agreed.flags(op)[1]
+        self._collective(
+            f"all_reduce:{op.value}",
+            lambda async_op: dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op),
+            timeout,
+        )
+
     def _all_reduce_inline(
         self, tensors: Sequence[torch.Tensor], op: ReduceOp, timeout: float | None
     ) -> list[torch.Tensor]:
@@ -379,7 +456,8 @@ class DistGroup:
         full = self._exchange_rows(what, _signature(what, tensors), timeout, payload)
         rows = full
         signatures = rows[:, :_SIGNATURE_WIDTH]
-        if not bool((signatures == signatures[0]).all()):
+        if not _rows_agree(signatures):
+            self._layouts.broken()
             descriptions = "; ".join(
                 f"rank {r}: {_describe(sig)}" for r, sig in enumerate(signatures)
             )
@@ -412,7 +490,11 @@ class DistGroup:
 
         Every checked collective sends rows of the same size, whatever it carries, so ranks
         that disagree about what they call still meet in a collective gloo can complete.
+        Peers that predicted an agreed all-reduce are met first (Note [Agreed layouts]).
         """
+        predicted = self._layouts.take()
+        if predicted is not None:
+            self._decline(predicted, timeout)
         row = torch.zeros(_ROW_WIDTH, dtype=torch.int64)
         row[:_SIGNATURE_WIDTH] = signature
         if payload is not None:
@@ -631,6 +713,11 @@ def _mean(flat: torch.Tensor, count: int) -> torch.Tensor:
     if not (flat.is_floating_point() or flat.is_complex()):
         flat = flat.to(torch.get_default_dtype())
     return flat.div_(count)
+
+
+def _rows_agree(rows: torch.Tensor) -> bool:
+    first = rows[0]
+    return all(torch.equal(first, rows[r]) for r in range(1, rows.shape[0]))
 
 
 def _signature(what: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -159,6 +159,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         device = _local_device(topology)
         self._backend = _backend(communication_options.implementation, device)
         self._devices = (device,)
+        self._target = physical_device(device)
         self._parameter_devices = (device,)
         self._num_workers = topology.world_size
         self._worker_index = topology.rank
@@ -251,8 +252,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         from nbdist.values import select_replica
 
         ctx = ReplicaContext(self, self._worker_index, 0)
-        target = physical_device(self._devices[0])
-        device_scope = contextlib.ExitStack() if target.type != "cuda" else _cuda_scope(target)
+        device_scope = _cuda_scope(self._target) if self._target.type == "cuda" else _NO_SCOPE
         if self._buckets is not None:
             self._buckets.active = True
         try:
@@ -281,13 +281,18 @@ class MultiWorkerMirroredStrategy(Strategy):
     def _replica_all_reduce(self, ctx: ReplicaContext, op: ReduceOp, value: Any, options) -> Any:
         from torch.utils import _pytree as pytree
 
+        if self._group is None:
+            return value
+        timeout, compression = None, self._options.compression
+        if options is not None:
+            timeout, compression = self._timeout(options), self._compression(options)
+        if type(value) is torch.Tensor:  # the common case: one tensor, no tree to walk
+            return self._group.all_reduce([value], op, timeout=timeout, compression=compression)[0]
         leaves, spec = pytree.tree_flatten(value)
         tensors = [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in leaves]
-        if self._group is None or not tensors:
+        if not tensors:
             return value
-        reduced = self._group.all_reduce(
-            tensors, op, timeout=self._timeout(options), compression=self._compression(options)
-        )
+        reduced = self._group.all_reduce(tensors, op, timeout=timeout, compression=compression)
         return pytree.tree_unflatten(reduced, spec)
 
     def _replica_all_gather(self, ctx: ReplicaContext, value: Any, axis: int, options) -> Any:
@@ -426,6 +431,9 @@ def _label(error: BaseException, replica: int, count: int) -> None:
 
     if count > 1:
         label(error, replica, count)
+
+
+_NO_SCOPE = contextlib.nullcontext()
 
 
 @contextlib.contextmanager
