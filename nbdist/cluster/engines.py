@@ -497,10 +497,12 @@ class Cluster:
         heartbeat. False when the rendezvous store cannot be reached."""
         if self._rendezvous is None or self._group_prefix is None:
             return False
+        if any(row.rank == 0 and row.state == "dead" for row in self.status()):
+            return False  # the store died with engine 0, and so did the group's connections
         from nbdist.collectives.abort import request_abort
 
         addr, port = self._rendezvous
-        return request_abort(addr, port, self._group_prefix, reason)
+        return request_abort(addr, port, self._group_prefix, reason, timeout=2.0)
 
     def repair(self, reason: str) -> str | None:
         """Form the process group again on every engine, keeping their Python state; None on

@@ -36,7 +36,9 @@ sys.stdin.read()  # until the test kills this process
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP], ids=["SIGKILL", "SIGTERM", "SIGHUP"]
+)
 def test_the_cluster_stops_when_its_starter_dies(sig, tmp_path):
     env = {**os.environ, "IPYTHONDIR": str(tmp_path)}
     starter = subprocess.Popen(
