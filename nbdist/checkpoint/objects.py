@@ -88,7 +88,36 @@ def capture(name: str, obj: Any) -> dict[str, Any]:
         state = dict(obj)
     else:
         state = obj.state_dict()
+    if kind not in ("tensor", "generator"):
+        _check_loadable(state, name)
     return {"kind": kind, "type": _type_name(obj), "state": state}
+
+
+_PLAIN = frozenset({int, float, bool, complex, str, bytes, bytearray, type(None)})
+_TORCH = (torch.Tensor, torch.dtype, torch.device)
+
+
+def _check_loadable(value: Any, where: str) -> None:
+    """Refuse, at save time, a value `torch.load(weights_only=True)` would not read back
+    (numpy scalars and arrays, functions, other objects): better now than at restore."""
+    if type(value) in _PLAIN or isinstance(value, _TORCH):  # exact: numpy.float64 is a float
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_loadable(key, f"{where} key {key!r}")
+            _check_loadable(item, f"{where}[{key!r}]")
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):  # torch.Size is a tuple
+        for index, item in enumerate(value):
+            _check_loadable(item, f"{where}[{index}]")
+        return
+    kind = type(value)
+    raise CheckpointTypeError(
+        f"{where} is a {kind.__module__}.{kind.__qualname__}, which a checkpoint cannot hold: "
+        f"checkpoints keep tensors and plain Python values (numbers, strings, lists, dicts) "
+        f"so that restoring one runs no code. Convert it first, e.g. float(x) or int(x) for a "
+        f"numpy number, torch.as_tensor(x) for an array."
+    )
 
 
 def check(name: str, obj: Any, entry: dict[str, Any], path: str) -> None:

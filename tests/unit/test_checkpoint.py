@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -135,9 +136,14 @@ def test_save_is_atomic_and_owner_only(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]  # no temporary file left
 
 
+class _UnpicklableTensor(torch.Tensor):
+    def __reduce_ex__(self, protocol):
+        raise TypeError("this tensor cannot be pickled")
+
+
 class _Unpicklable:
     def state_dict(self):
-        return {"fn": lambda: 0}
+        return {"t": torch.zeros(2).as_subclass(_UnpicklableTensor)}
 
     def load_state_dict(self, state):
         pass
@@ -374,6 +380,10 @@ def test_objects_that_cannot_be_checkpointed(tmp_path):
         nd.checkpoint.save(tmp_path / "c.pt", data=dataset)
     with pytest.raises(CheckpointTypeError, match="keep plain numbers in a dict"):
         nd.checkpoint.save(tmp_path / "c.pt", epoch=3)
+    with pytest.raises(CheckpointTypeError, match=r"progress\['best'\] is a numpy\.float64"):
+        nd.checkpoint.save(tmp_path / "c.pt", progress={"epoch": 1, "best": np.float64(0.5)})
+    with pytest.raises(CheckpointTypeError, match=r"fn\['f'\] is a builtins\.function"):
+        nd.checkpoint.save(tmp_path / "c.pt", fn={"f": lambda: 0})
     with pytest.raises(CheckpointTypeError, match="no objects"):
         nd.checkpoint.save(tmp_path / "c.pt")
     with pytest.raises(CheckpointTypeError, match="file path first"):
