@@ -8,11 +8,10 @@ arrived.
 Note [Raw collectives]: user code may call `torch.distributed` directly (`dist.all_reduce` in
 a notebook cell). Those calls are not counted, so the heartbeat also says whether the main
 thread is inside `torch.distributed` right now other than through nbdist's collectives (read
-from its Python stack). A rank that failed then knows its peers wait for it there too. Leaving
-the group (`DistGroup.abort`) fails their calls at once only if the process group is really
-freed: gloo has no abort that closes its connections, and any object still holding the group
-keeps them open. A rank that must release peers from such a call therefore exits its process
-when they are still blocked a moment later (see `nbdist.cluster._engine_side.release_peers`).
+from its Python stack). A rank that failed or finished then knows its peers wait for it there
+too, and abandons the group on every rank (`DistGroup.request_abort`; Note [Waking a blocked
+collective] in `nbdist.collectives.abort`), which fails their calls at once. The heartbeat
+thread also reads the group's abort key, and acts on it (`on_abort`).
 
 Example:
     >>> _current_failure("3 ValueError: bad", "1700000000.0 3 0")

@@ -242,13 +242,6 @@ class DistGroup:
         """The failures other ranks published and have not moved past: `{rank: message}`."""
         return self._liveness.peer_failures()
 
-    def abort(self, reason: str) -> None:
-        """Publish `reason` and leave the group, so peers blocked waiting for this rank fail
-        at once with an error naming it instead of waiting for the timeout."""
-        self.publish_failure(reason)
-        self._broken = reason
-        self.shutdown()
-
     def _diagnose(self, what: str, error: BaseException) -> Exception:
         """Name the ranks that did not take part in the failed collective `what`."""
         self._layouts.forget()
