@@ -28,6 +28,7 @@ BENCHMARKS = [
     ("multi_worker_batch_reduce", "bench_multi_worker_batch_reduce.py"),
     ("engines", "bench_engines.py"),
     ("checkpoint", "bench_checkpoint.py"),
+    ("multi_worker_checkpoint", "bench_multi_worker_checkpoint.py"),
 ]
 
 

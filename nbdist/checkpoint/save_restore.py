@@ -151,12 +151,16 @@ def _restore(where: str, **objects: Any) -> None:
         error = caught
     workers.settle(error, f"Restoring checkpoint {where!r}")
     error = None
+    iterators = [name for name in objects if entries[name]["kind"] == "iterator"]
     try:  # iterators last: skipping reads data, after every cheap state is in place
-        for name in sorted(objects, key=lambda n: entries[n]["kind"] == "iterator"):
+        for name in [n for n in objects if n not in iterators] + iterators:
             apply(objects[name], entries[name])
     except Exception as caught:
         error = caught
-    workers.settle(error, f"Restoring checkpoint {where!r}")
+    if iterators:  # only an iterator's data can still disagree with its checked position
+        workers.settle(error, f"Restoring checkpoint {where!r}")
+    elif error is not None:
+        raise error
 
 
 @_public
