@@ -7,8 +7,9 @@ before the controller and wait for its connection file) instead of following reg
 also fails early, with ipyparallel's output showing why, where nbdist is not installed for the
 engine's Python (a remote host's `remote_python`).
 
-It also makes the files the engine writes readable by its owner only (umask 077) and starts
-`watch_parent` first, so the engine stops when the process that started it dies.
+It also starts `watch_parent` first, so the engine stops when the process that started it
+dies. (The engine writes none of the cluster's files, so the user's umask stays: files a cell
+writes get the usual modes.)
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ from __future__ import annotations
 
 def main() -> None:
     """Import what every engine needs, then hand over to ipyparallel's engine (`sys.argv`)."""
-    import os
-
-    os.umask(0o077)
     from nbdist.cluster.parent_watch import watch_parent
 
     watch_parent()

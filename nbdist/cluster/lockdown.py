@@ -3,8 +3,8 @@
 ipyparallel writes the cluster's connection files (with the key that signs every message) and
 its logs under the profile directory (`security/`, `log/`). Their folders are made readable by
 their owner only before anything is written (0700), and the files of this cluster 0600 once
-it has started. The controller and engines also run with umask 077 (`_controller_main`,
-`_engine_main`), so what they write themselves is owner-only from the start.
+it has started. The controller also runs with umask 077 (`_controller_main`), so the
+connection files it writes are owner-only from the start.
 
 Example:
     >>> import tempfile
