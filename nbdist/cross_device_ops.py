@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from nbdist._private_api import foreach
 from nbdist.communication import CommunicationOptions
 from nbdist.devices import canonical_devices, physical_device
 from nbdist.reduce import ReduceOp
@@ -340,19 +341,19 @@ def _foreach_reduce(
     if len(replicas) == 1:
         total = [t.clone() for t in replicas[0]]
     elif op in (ReduceOp.SUM, ReduceOp.MEAN):
-        total = torch._foreach_add(list(replicas[0]), list(replicas[1]))
+        total = foreach.add(list(replicas[0]), list(replicas[1]))
         for more in replicas[2:]:
-            torch._foreach_add_(total, list(more))
+            foreach.add_(total, list(more))
         if op is ReduceOp.MEAN:
-            torch._foreach_div_(total, float(len(replicas)))
+            foreach.div_(total, float(len(replicas)))
     else:
-        combine = torch._foreach_maximum if op is ReduceOp.MAX else torch._foreach_minimum
+        combine = foreach.maximum if op is ReduceOp.MAX else foreach.minimum
         total = combine(list(replicas[0]), list(replicas[1]))
         for more in replicas[2:]:
             total = combine(total, list(more))
     outputs = [total]
     for _ in range(1, destinations):
-        outputs.append(torch._foreach_mul(total, 1))
+        outputs.append(foreach.mul(total, 1))
     return outputs
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
+from nbdist._private_api import pytree
 from nbdist.context import current_replica_context
 
 __all__ = ["DistributedValues", "Mirrored", "PerReplica", "regroup", "select_replica"]

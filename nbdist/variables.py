@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from nbdist import context
+from nbdist._private_api import pytree
 from nbdist.devices import physical_device
 from nbdist.names import member_by_name
 from nbdist.reduce import ReduceOp

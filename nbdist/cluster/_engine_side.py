@@ -338,8 +338,7 @@ def _reply(value: Any, start: float) -> dict[str, Any]:
 
 
 def _resolve(structure: Any, namespace: dict[str, Any]) -> Any:
-    from torch.utils import _pytree as pytree
-
+    from nbdist._private_api import pytree
     from nbdist.cluster.remote import RemoteRef
 
     def leaf(item: Any) -> Any:

@@ -171,7 +171,8 @@ def encode(value: Any, parts: Sequence[tuple[str, Any]] = ()) -> bytes:
 def portable(value: Any) -> Any:
     """`value` with every tensor detached and moved to the CPU (so any client can unpickle it)."""
     import torch
-    from torch.utils import _pytree as pytree
+
+    from nbdist._private_api import pytree
 
     def leaf(item: Any) -> Any:
         if isinstance(item, torch.Tensor):

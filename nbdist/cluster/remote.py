@@ -24,8 +24,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from torch.utils import _pytree as pytree
-
+from nbdist._private_api import pytree
 from nbdist.cluster import _wire
 from nbdist.cluster.errors import RemoteNameError
 from nbdist.reduce import ReduceOp

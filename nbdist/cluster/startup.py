@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nbdist._private_api import launcher_has_exited
 from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
 from nbdist.cluster.plan import LaunchPlan
 
@@ -84,7 +85,7 @@ def wait_for_registration(
                 registered = len(client.ids)
                 if registered < plan.n:
                     progress(f"{registered}/{plan.n} engines registered")
-            exited = [launcher for launcher in launchers if _has_exited(launcher)]
+            exited = [launcher for launcher in launchers if launcher_has_exited(launcher)]
             if exited and not waiting.done():
                 names = ", ".join(str(getattr(x, "identifier", "?")) for x in exited)
                 raise ClusterStartError(
@@ -205,13 +206,6 @@ def output_tail(ipp: Any) -> str:
 def probe_timeout(deadline: float) -> float:
     """Seconds for checking the hosts over ssh: half of what is left, between 1 and 30."""
     return max(1.0, min(30.0, _remaining(deadline) / 2))
-
-
-def _has_exited(launcher: Any) -> bool:
-    """True once the thread in which an ipyparallel launcher waits for its process has ended
-    (local processes, mpiexec, and engines watched over ssh); False where there is none."""
-    thread = getattr(launcher, "_wait_thread", None)
-    return thread is not None and not thread.is_alive()
 
 
 def _remaining(deadline: float) -> float:

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from nbdist._private_api import c10d_file, thread_frames
 from nbdist.errors import CollectiveTimeoutError, WorkerLostError
 
 __all__ = ["C10D_FILE", "HEARTBEAT_SECONDS", "Liveness"]
@@ -37,8 +37,8 @@ __all__ = ["C10D_FILE", "HEARTBEAT_SECONDS", "Liveness"]
 HEARTBEAT_SECONDS = 0.5
 """Seconds between a rank's heartbeats."""
 
-C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
-"""The end of the path of torch's module of collectives (`torch.distributed.*` calls)."""
+C10D_FILE = c10d_file()
+"""The path of torch's module of collectives (`torch.distributed.*` calls)."""
 
 _COLLECTIVES_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -199,7 +199,7 @@ class Liveness:
 def _in_raw_collective(thread_id: int | None) -> bool:
     """True when thread `thread_id` is inside a `torch.distributed` call that did not come
     through nbdist's collectives (Note [Raw collectives])."""
-    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    frame = thread_frames().get(thread_id) if thread_id is not None else None
     inside = False
     while frame is not None:
         filename = frame.f_code.co_filename

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 
+from nbdist._private_api import pytree
 from nbdist.input.errors import InputError, InputTypeError
 
 __all__ = ["Batch", "empty_like", "split_batch"]

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 from torch.utils.data import Dataset, IterableDataset
 
+from nbdist._private_api import pytree
 from nbdist.devices import canonical_devices, physical_device
 from nbdist.errors import CheckpointError, CheckpointMismatchError, CheckpointTypeError
 from nbdist.input.contexts import InputContext, _count

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch.utils import _pytree as pytree
-
+from nbdist._private_api import pytree
 from nbdist.input.batches import Batch, empty_like, split_batch
 from nbdist.input.errors import InputError, InputExhaustedError
 from nbdist.input.position import Position, Resume, skip_global_batches

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
+
+from nbdist._private_api import pytree
 
 __all__ = ["DeviceTransfer", "Staged"]
 

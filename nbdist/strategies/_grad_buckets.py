@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nbdist._private_api import foreach, queue_backward_callback
+
 if TYPE_CHECKING:
     from nbdist.collectives.torch_dist import DistGroup
 
@@ -105,8 +107,7 @@ class GradientBuckets:
         if not self._pending:
             self._pending = True
             self._start = time.perf_counter()
-            engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
-            engine.queue_callback(self._finish)
+            queue_backward_callback(self._finish)
         index, _ = self._where[id(param)]
         bucket = self.buckets[index]
         self._touched.add(bucket.group)
@@ -134,7 +135,7 @@ class GradientBuckets:
         grads = [p.grad for p in bucket.params]
         with torch.no_grad():
             if all(g is not None for g in grads):
-                torch._foreach_copy_(bucket.views, grads)
+                foreach.copy_(bucket.views, grads)
             else:
                 for view, grad in zip(bucket.views, grads):
                     view.zero_() if grad is None else view.copy_(grad)
@@ -156,8 +157,8 @@ class GradientBuckets:
                     for param in missing:
                         param.grad = torch.zeros_like(param)
                     grads = [p.grad for p in bucket.params]
-                    torch._foreach_copy_(grads, bucket.views)  # casts back from fp16/bf16
-                    torch._foreach_mul_(grads, scale)
+                    foreach.copy_(grads, bucket.views)  # casts back from fp16/bf16
+                    foreach.mul_(grads, scale)
             self.group.record("gradient_sync", nbytes, self._start)
         finally:
             for bucket in self.buckets:

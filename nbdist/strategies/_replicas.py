@@ -25,6 +25,7 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode
 
 from nbdist import context
+from nbdist._private_api import queue_backward_callback, tensor_version
 from nbdist.devices import physical_device
 from nbdist.reduce import ReduceOp
 
@@ -111,12 +112,12 @@ class ReplicaParameters:
         for i, original in enumerate(self._originals):
             if not self._components[i]:
                 self._create_components(i, original)
-            elif original._version != self._versions[i]:
+            elif tensor_version(original) != self._versions[i]:
                 with torch.no_grad():
                     for k, component in enumerate(self._components[i]):
                         if component is not original and not self._aliases[i][k]:
                             component.copy_(original)
-                self._versions[i] = original._version
+                self._versions[i] = tensor_version(original)
             if original.grad is None:
                 for component in self._components[i]:
                     component.grad = None
@@ -141,7 +142,7 @@ class ReplicaParameters:
             if component is not original:
                 self._maps[k][id(original)] = component
         self._components[i], self._aliases[i] = components, aliases
-        self._versions[i] = original._version
+        self._versions[i] = tensor_version(original)
 
     def view(self, replica: int) -> TorchFunctionMode | None:
         """The mode that makes `replica` compute with its own components (None: not needed)."""
@@ -153,8 +154,7 @@ class ReplicaParameters:
         if not self.active or self._pending[replica]:
             return
         self._pending[replica] = True
-        engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
-        engine.queue_callback(functools.partial(self._end_of_backward, replica))
+        queue_backward_callback(functools.partial(self._end_of_backward, replica))
 
     def _end_of_backward(self, replica: int) -> None:
         self._pending[replica] = False
@@ -237,7 +237,7 @@ class ReplicaParameters:
                 for p in group["params"]:
                     i = self._index.get(id(p))
                     if i is not None:
-                        self._versions[i] = p._version
+                        self._versions[i] = tensor_version(p)
 
     def _shadow(self, optimizer: torch.optim.Optimizer, replica: int) -> torch.optim.Optimizer:
         shadows = self._shadows.setdefault(optimizer, {})

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from nbdist import context
+from nbdist._private_api import pytree
 from nbdist.communication import CommunicationOptions
 from nbdist.cross_device_ops import CrossDeviceOps, resolve_destinations
 from nbdist.reduce import ReduceOp

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from nbdist import context
+from nbdist._private_api import pytree
 from nbdist.collectives.local import LocalGroup
 from nbdist.communication import CommunicationOptions
 from nbdist.cross_device_ops import CrossDeviceOps, NcclAllReduce

@@ -279,7 +279,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         return self._communication_options(options).compression
 
     def _replica_all_reduce(self, ctx: ReplicaContext, op: ReduceOp, value: Any, options) -> Any:
-        from torch.utils import _pytree as pytree
+        from nbdist._private_api import pytree
 
         if self._group is None:
             return value
@@ -296,7 +296,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         return pytree.tree_unflatten(reduced, spec)
 
     def _replica_all_gather(self, ctx: ReplicaContext, value: Any, axis: int, options) -> Any:
-        from torch.utils import _pytree as pytree
+        from nbdist._private_api import pytree
 
         leaves, spec = pytree.tree_flatten(value)
         out = []

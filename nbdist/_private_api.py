@@ -1,0 +1,102 @@
+"""Every private name of another library (torch, ipyparallel, Python) that nbdist uses, in one
+place, each with why no public mechanism does the job.
+
+An upgrade that removes or changes one of these breaks `tests/unit/test_private_api.py`, which
+names it (`PRIVATE_NAMES`), instead of breaking a user's training somewhere far away. Imports
+only torch and the standard library (never ipyparallel: the core imports this module).
+
+Example:
+    >>> import torch
+    >>> t = torch.zeros(2)
+    >>> before = tensor_version(t)
+    >>> _ = t.add_(1)
+    >>> tensor_version(t) > before
+    True
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils import _pytree as pytree
+
+__all__ = [
+    "FOREACH_OPS",
+    "PRIVATE_NAMES",
+    "c10d_file",
+    "foreach",
+    "launcher_has_exited",
+    "pytree",
+    "queue_backward_callback",
+    "tensor_version",
+    "thread_frames",
+]
+
+# name -> why there is no public mechanism (what replaced a private name is listed in
+# docs/private-api.md, kept next to this list).
+PRIVATE_NAMES: dict[str, str] = {
+    "torch.utils._pytree": "nested-structure map/flatten with torch's registered node types "
+    "(namedtuples, OrderedDict, user registrations); torch 2.13 ships no public pytree module",
+    "torch._foreach_add/_add_/_div_/_mul/_mul_/_maximum/_minimum/_copy_": "one kernel launch "
+    "per list of tensors (gradient buckets, per-device reduction); no public multi-tensor API",
+    "torch.Tensor._version": "the in-place write counter: the only way to see that a user wrote "
+    "a parameter (optimizer step, load_state_dict) without hooking every op",
+    "torch.autograd.Variable._execution_engine.queue_callback": "run code once when backward "
+    "finishes (close the last gradient bucket); hooks fire per tensor, not at the end",
+    "sys._current_frames": "the stack of another thread (is the main thread inside "
+    "torch.distributed?); threading and faulthandler give no frame objects",
+    "ipyparallel launcher._wait_thread": "whether a launcher's process has exited while "
+    "ipyparallel's event loop is not running (its public state changes only on that loop)",
+}
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """`tensor._version`: how many in-place writes the tensor (or a view of it) has seen."""
+    return tensor._version
+
+
+def queue_backward_callback(callback: Callable[[], None]) -> None:
+    """Run `callback` once the current backward pass has finished (call during backward)."""
+    engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+    engine.queue_callback(callback)
+
+
+def thread_frames() -> dict[int, types.FrameType]:
+    """`sys._current_frames()`: the innermost frame of every thread, by thread id."""
+    return sys._current_frames()
+
+
+def c10d_file() -> str:
+    """The source file of `torch.distributed.all_reduce` (frames in it are inside a collective).
+
+    Found from the function itself, not a hard-coded path, so a moved module is followed.
+    """
+    return inspect.unwrap(dist.all_reduce).__code__.co_filename
+
+
+def launcher_has_exited(launcher: Any) -> bool:
+    """True once the thread in which an ipyparallel launcher waits for its process has ended
+    (local processes, mpiexec, engines watched over ssh); False where there is none."""
+    thread = getattr(launcher, "_wait_thread", None)
+    return thread is not None and not thread.is_alive()
+
+
+FOREACH_OPS = ("add", "add_", "copy_", "div_", "maximum", "minimum", "mul", "mul_")
+
+
+class _Foreach:
+    """`torch._foreach_<op>` as `foreach.<op>` (only the ops in `FOREACH_OPS`)."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in FOREACH_OPS:
+            raise AttributeError(f"nbdist uses no torch._foreach_{name}; add it to FOREACH_OPS")
+        return getattr(torch, f"_foreach_{name}")
+
+
+foreach = _Foreach()

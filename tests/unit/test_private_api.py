@@ -1,0 +1,113 @@
+"""Every private name of torch, ipyparallel and Python that nbdist uses (nbdist/_private_api.py)
+still exists and still does what nbdist relies on; a failure names the name and what uses it."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from nbdist import _private_api as private
+
+
+def test_every_listed_name_is_checked_here():
+    checked = {
+        "torch.utils._pytree", "torch.Tensor._version", "sys._current_frames",
+        "torch._foreach_add/_add_/_div_/_mul/_mul_/_maximum/_minimum/_copy_",
+        "torch.autograd.Variable._execution_engine.queue_callback",
+        "ipyparallel launcher._wait_thread",
+    }  # fmt: skip
+    assert set(private.PRIVATE_NAMES) == checked, "a private name was added without a check"
+
+
+def test_torch_utils_pytree_maps_and_flattens_nested_structures():
+    assert hasattr(private.pytree, "tree_map"), "torch.utils._pytree.tree_map is gone"
+    leaves, spec = private.pytree.tree_flatten({"a": (1, [2, 3])})
+    assert leaves == [1, 2, 3], "torch.utils._pytree.tree_flatten changed its leaf order"
+    assert private.pytree.tree_unflatten([4, 5, 6], spec) == {"a": (4, [5, 6])}
+
+
+@pytest.mark.parametrize("op", private.FOREACH_OPS)
+def test_torch_foreach_op_exists(op):
+    assert callable(getattr(torch, f"_foreach_{op}", None)), f"torch._foreach_{op} is gone"
+    xs = [torch.ones(2), torch.ones(3)]
+    if op == "copy_":
+        private.foreach.copy_(xs, [torch.zeros(2), torch.zeros(3)])
+        assert all(bool((x == 0).all()) for x in xs), "torch._foreach_copy_ no longer copies"
+    elif op.endswith("_"):
+        getattr(private.foreach, op)(xs, 2.0)
+        assert xs[0].tolist() != [1.0, 1.0], f"torch._foreach_{op} no longer works in place"
+    else:
+        out = getattr(private.foreach, op)(xs, [torch.ones(2), torch.ones(3)])
+        assert [t.shape for t in out] == [torch.Size([2]), torch.Size([3])]
+
+
+def test_tensor_version_counts_in_place_writes():
+    t = torch.zeros(3)
+    assert hasattr(t, "_version"), "torch.Tensor._version is gone"
+    before = private.tensor_version(t)
+    t.view(-1).add_(1)  # a write through a view counts too
+    assert private.tensor_version(t) > before, "torch.Tensor._version no longer counts writes"
+
+
+def test_queue_backward_callback_runs_after_backward():
+    assert hasattr(torch.autograd.Variable, "_execution_engine"), (
+        "torch.autograd.Variable._execution_engine is gone"
+    )
+    seen = []
+    x = torch.ones(2, requires_grad=True)
+    x.register_hook(lambda g: private.queue_backward_callback(lambda: seen.append(x.grad)))
+    (x * 3).sum().backward()
+    assert len(seen) == 1, "Variable._execution_engine.queue_callback did not run once"
+    assert seen[0] is not None and seen[0].tolist() == [3.0, 3.0]  # ran after accumulation
+
+
+def test_thread_frames_show_another_threads_stack():
+    assert hasattr(sys, "_current_frames"), "sys._current_frames is gone"
+    started, release = threading.Event(), threading.Event()
+
+    def waiting_here():
+        started.set()
+        release.wait(30)
+
+    thread = threading.Thread(target=waiting_here)
+    thread.start()
+    try:
+        assert started.wait(30)
+        frame = private.thread_frames()[thread.ident]
+        names = []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        assert "waiting_here" in names, "sys._current_frames no longer shows other threads"
+    finally:
+        release.set()
+        thread.join(30)
+
+
+def test_c10d_file_is_where_torch_distributed_collectives_live():
+    path = private.c10d_file()
+    assert path.endswith(".py") and "torch" in path
+    for name in ("all_reduce", "broadcast", "all_gather_into_tensor", "barrier"):
+        code = inspect.unwrap(getattr(dist, name)).__code__
+        assert code.co_filename == path, f"torch.distributed.{name} moved out of {path}"
+
+
+def test_ipyparallel_launchers_keep_their_wait_thread():
+    launcher = pytest.importorskip("ipyparallel.cluster.launcher")
+    for cls in (launcher.LocalProcessLauncher, launcher.SSHLauncher):
+        assert "_wait_thread" in dir(cls), f"ipyparallel {cls.__name__}._wait_thread is gone"
+
+    class Launcher:
+        _wait_thread = None
+
+    assert private.launcher_has_exited(Launcher()) is False
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    done.join(30)
+    Launcher._wait_thread = done
+    assert private.launcher_has_exited(Launcher()) is True
