@@ -8,8 +8,8 @@ devices; `ValueContext` serves `experimental_distribute_values_from_function`.
 Modules: `options` (InputReplicationMode, InputOptions), `contexts` (InputContext,
 ValueContext), `batches` (checking and splitting one batch), `steps` (an epoch's per-replica
 batches, on the host), `sharding` (a DataLoader read by index, each worker only its rows),
-`transfer` (moving and prefetching to devices), `dataset` (the distributed dataset and
-iterator), `errors`.
+`transfer` (moving and prefetching to devices), `dataset` (the distributed dataset),
+`iterator` (its iterator), `position` (the iterator's position, for checkpoints), `errors`.
 """
 
 from __future__ import annotations
