@@ -275,8 +275,9 @@ def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
     group = getattr(_state["strategy"], "_group", None)
     if group is None or not raised_in_torch_distributed(error):
         return reply
-    if group.aborted is not None:
-        reason, _, secondary = group._aborted
+    abandoned = group.abandoned
+    if abandoned is not None:
+        reason, _, secondary = abandoned
         reply["secondary"] = secondary
         reply["evalue"] = (
             f"released from a torch.distributed call: {reason}; the process group was "

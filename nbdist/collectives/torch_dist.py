@@ -164,6 +164,12 @@ class DistGroup:
                     self._abandon(value)
         return self._aborted[0] if self._aborted else None
 
+    @property
+    def abandoned(self) -> tuple[str, tuple[int, ...], bool] | None:
+        """`(reason, ranks that never arrived, whether it follows a failure)` once the group
+        was abandoned, else None."""
+        return self._aborted if self.aborted is not None else None
+
     def request_abort(self, reason: str, *, missing=(), secondary: bool = False) -> None:
         """Abandon the group on every rank: each shuts its connections down within a
         heartbeat, failing the collectives blocked on them with an error naming `reason`."""
