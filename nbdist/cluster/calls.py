@@ -173,11 +173,21 @@ class Supervisor:
     settles the cluster's health after a fault (Notes [Releasing blocked peers] and [Cluster
     health])."""
 
-    def __init__(self, cluster: Cluster, engines: Sequence[EngineInfo], parts: list[Any], what):
+    def __init__(
+        self,
+        cluster: Cluster,
+        engines: Sequence[EngineInfo],
+        parts: list[Any],
+        what: str,
+        bystanders: Sequence[EngineInfo] = (),
+    ):
         self.cluster = cluster
         self.engines = list(engines)
         self.parts = parts
         self.what = what
+        self.bystanders = list(bystanders)
+        """Engines of the group that do not run this call (`%%distribute --targets`): a
+        collective waiting for them waits in vain, as for an engine that finished."""
         self.released: list[int] = []
         """Replicas that abandoned the group to release peers waiting for them."""
         self.fault: str | None = None
@@ -197,7 +207,7 @@ class Supervisor:
             if remaining is not None and remaining <= 0:
                 return False
             step = remaining
-            if not self.released and len(pending) < len(self.parts):
+            if not self.released and (len(pending) < len(self.parts) or self.bystanders):
                 self._split_since = self._split_since or now
                 failed = any(not reply_ok(reply_of(p)) for p in self.parts if p.ready())
                 due = failed or now - self._split_since >= RELEASE_AFTER_S
@@ -298,6 +308,7 @@ class Supervisor:
         """Note [Releasing blocked peers]: ask an idle engine to abandon the group if peers
         wait for it in a collective."""
         client = self.cluster.client
+        idle = [(info, f"replica {info.rank} does not run {self.what}") for info in self.bystanders]
         for info, part in zip(self.engines, self.parts):
             if not part.ready():
                 continue
@@ -310,6 +321,8 @@ class Supervisor:
                 else f"replica {info.rank} failed in {self.what} ({reply.get('ename')}: "
                 f"{str(reply.get('evalue'))[:200]})"
             )
+            idle.append((info, who))
+        for info, who in idle:
             try:
                 answer = (
                     client.direct_view([info.id])

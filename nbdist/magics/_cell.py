@@ -233,7 +233,9 @@ def distribute_cell(
     parts = list(result.split()) if len(ids) > 1 else [result]
     for info, part in zip(engines, parts):
         cluster.track_request(info.id, part)
-    supervisor = Supervisor(cluster, engines, parts, _WHAT)
+    chosen = {info.rank for info in engines}
+    others = [info for info in cluster.engines if info.rank not in chosen]
+    supervisor = Supervisor(cluster, engines, parts, _WHAT, bystanders=others)
     streams = _Streams(engines, parts, output)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:

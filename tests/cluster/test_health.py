@@ -99,6 +99,16 @@ def test_a_replica_that_never_arrives_in_a_raw_collective_is_named_at_once(clust
     _usable_and_right(cluster)
 
 
+def test_a_collective_waiting_for_an_engine_outside_targets_is_released(cluster):
+    cell = "import torch.distributed as dist\ndist.all_reduce(torch.ones(1))\n"
+    error, seconds = _timed("--targets 0 cell with a collective", distribute_cell, cluster,
+                            cell, targets=[0], timeout=60)  # fmt: skip
+    assert isinstance(error, RemoteError) and error.replicas == (0,) and seconds < 15
+    assert "replica 1 does not run a %%distribute cell" in error.first.evalue
+    assert "replica 1 never arrived" in error.first.evalue and "formed again" in str(error)
+    _usable_and_right(cluster)
+
+
 def test_the_same_through_nbdist_collectives(cluster):
     error, seconds = _timed("nbdist all_reduce, replica 1 never arrives", cluster.strategy.run,
                             nbdist_collective_on_replica_zero_only, timeout=60)  # fmt: skip
