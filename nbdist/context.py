@@ -10,21 +10,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbdist.errors import StrategyMixingError
 
-if TYPE_CHECKING:
-    from nbdist.reduce import ReduceOp
-    from nbdist.strategies.base import ReplicaContext, Strategy
+# The objects held are `nbdist.Strategy` and `nbdist.ReplicaContext`; this module does not
+# import them (the core does not depend on the strategies), so they are typed by these names.
+Strategy = Any
+ReplicaContext = Any
 
 __all__ = [
     "current_replica_context",
     "current_scope_strategy",
     "enter_replica_context",
     "enter_strategy",
-    "in_update_context",
-    "update_context",
 ]
 
 # The strategy whose scope is active (None: the default strategy answers).
@@ -35,14 +34,9 @@ _scope_strategy: contextvars.ContextVar[Strategy | None] = contextvars.ContextVa
 _replica_context: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar(
     "nbdist_replica_context", default=None
 )
-# True while `extended.update` runs its function.
-_update: contextvars.ContextVar[bool] = contextvars.ContextVar("nbdist_update", default=False)
 # The strategy made current with `experimental_set_strategy` (outside any `with`).
 _set_strategy: contextvars.ContextVar[Strategy | None] = contextvars.ContextVar(
     "nbdist_set_strategy", default=None
-)
-_loss_reduction: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "nbdist_loss_reduction", default=None
 )
 
 
@@ -54,11 +48,6 @@ def current_scope_strategy() -> Strategy | None:
 def current_replica_context() -> ReplicaContext | None:
     """The replica context of the `run` we are inside, else None."""
     return _replica_context.get()
-
-
-def in_update_context() -> bool:
-    """True while `StrategyExtended.update` runs its function."""
-    return _update.get()
 
 
 @contextlib.contextmanager
@@ -98,16 +87,6 @@ def enter_replica_context(replica_context: ReplicaContext | None) -> Iterator[No
         _scope_strategy.reset(strategy_token)
 
 
-@contextlib.contextmanager
-def update_context() -> Iterator[None]:
-    """Mark the body as running inside `StrategyExtended.update`."""
-    token = _update.set(True)
-    try:
-        yield
-    finally:
-        _update.reset(token)
-
-
 def set_strategy(strategy: Strategy | None) -> None:
     """Make `strategy` current without `with` (the body of `experimental_set_strategy`)."""
     active = _scope_strategy.get()
@@ -118,13 +97,3 @@ def set_strategy(strategy: Strategy | None) -> None:
             "Leave that scope first."
         )
     _set_strategy.set(strategy)
-
-
-def set_loss_reduction(reduction: ReduceOp) -> None:
-    """Record the reduction of the last loss computed (read by `get_loss_reduction`)."""
-    _loss_reduction.set(reduction)
-
-
-def loss_reduction() -> Any:
-    """The last loss reduction recorded, or None."""
-    return _loss_reduction.get()

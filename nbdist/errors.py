@@ -15,7 +15,6 @@ __all__ = [
     "CollectiveTimeoutError",
     "NbdistError",
     "RendezvousError",
-    "ReplicaError",
     "ReplicaReleasedError",
     "StrategyMixingError",
     "UnsupportedOptionError",
@@ -37,18 +36,6 @@ class NbdistError(Exception):
 
 class StrategyMixingError(NbdistError, RuntimeError):
     """A second, different strategy was entered while one is active."""
-
-
-class ReplicaError(NbdistError, RuntimeError):
-    """An exception raised inside one replica of `Strategy.run`, re-raised with its replica id.
-
-    The original exception is chained as `__cause__` and kept in `.original`.
-    """
-
-    def __init__(self, message: str, *, replica_id: int, original: BaseException | None = None):
-        super().__init__(message)
-        self.replica_id = replica_id
-        self.original = original
 
 
 class ReplicaReleasedError(NbdistError, RuntimeError):

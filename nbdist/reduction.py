@@ -8,17 +8,15 @@ Imports core modules only.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from nbdist import context
-from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice, resolve_destinations
+from nbdist.cross_device_ops import resolve_destinations
+from nbdist.placement import WorkerCommunication
 from nbdist.reduce import ReduceOp
 from nbdist.values import DistributedValues, Mirrored, regroup, select_replica
-
-if TYPE_CHECKING:
-    from nbdist.strategies.base import Strategy
 
 __all__ = ["batch_reduce_to", "gather_value", "reduce_to", "reduce_value", "update"]
 
@@ -34,7 +32,7 @@ def _caller_device() -> torch.device:
     return torch.get_default_device()
 
 
-def _components(strategy: Strategy, value: Any) -> tuple[list[torch.Tensor], bool]:
+def _components(value: Any) -> tuple[list[torch.Tensor], bool]:
     if isinstance(value, DistributedValues):
         return [_as_tensor(c).to(_caller_device()) for c in value.values], True
     return [_as_tensor(value).to(_caller_device())], False
@@ -56,15 +54,16 @@ def _check_axis(axis: int, tensors: list[torch.Tensor], what: str) -> int:
     return axis % rank
 
 
-def reduce_value(strategy: Strategy, op: ReduceOp, value: Any, axis: int | None) -> Any:
+def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: int | None) -> Any:
     """`Strategy.reduce` for one leaf: see the docstring there.
 
     In a multi-worker strategy a plain value is this worker's replica's component, and the
-    local result is combined across workers (`strategy._across_workers`).
+    local result is combined across workers (`strategy.across_workers`).
     """
-    n = strategy.num_replicas_in_sync
-    workers = strategy._num_workers
-    tensors, distributed = _components(strategy, value)
+    placement = strategy.placement
+    n = placement.num_replicas_in_sync
+    workers = placement.num_workers
+    tensors, distributed = _components(value)
     distributed = distributed or workers > 1
     if axis is None:
         if not distributed:
@@ -87,7 +86,7 @@ def reduce_value(strategy: Strategy, op: ReduceOp, value: Any, axis: int | None)
         if workers == 1:
             return op.combine(tensors)
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
-        total = strategy._across_workers(local_op, local_op.combine(tensors))
+        total = strategy.across_workers(local_op, local_op.combine(tensors))
         return _mean(total, n) if op is ReduceOp.MEAN else total
     dim = _check_axis(axis, tensors, "reduce")
     if not distributed:
@@ -116,7 +115,7 @@ def reduce_value(strategy: Strategy, op: ReduceOp, value: Any, axis: int | None)
 
 
 def _reduce_along_across_workers(
-    strategy: Strategy,
+    strategy: WorkerCommunication,
     op: ReduceOp,
     like: torch.Tensor,
     dim: int,
@@ -126,10 +125,10 @@ def _reduce_along_across_workers(
     template = like.sum(dim=dim)
     if op in (ReduceOp.SUM, ReduceOp.MEAN):
         local = ReduceOp.SUM.combine(partials) if partials else torch.zeros_like(template)
-        total = strategy._across_workers(ReduceOp.SUM, local)
+        total = strategy.across_workers(ReduceOp.SUM, local)
         if op is ReduceOp.SUM:
             return total
-        counted = strategy._across_workers(ReduceOp.SUM, torch.tensor(float(count)))
+        counted = strategy.across_workers(ReduceOp.SUM, torch.tensor(float(count)))
         return (
             _mean(total, 1).div_(counted)
             if total.is_floating_point()
@@ -139,7 +138,7 @@ def _reduce_along_across_workers(
         local = op.combine(partials)
     else:
         local = torch.full_like(template, _identity(op, template.dtype))
-    return strategy._across_workers(op, local)
+    return strategy.across_workers(op, local)
 
 
 def _identity(op: ReduceOp, dtype: torch.dtype) -> float:
@@ -153,13 +152,14 @@ def _mean(total: torch.Tensor, count: int) -> torch.Tensor:
     return total / count
 
 
-def gather_value(strategy: Strategy, value: Any, axis: int) -> torch.Tensor:
+def gather_value(strategy: WorkerCommunication, value: Any, axis: int) -> torch.Tensor:
     """`Strategy.gather` for one leaf (across workers too, lengths along `axis` may differ)."""
     if not isinstance(axis, int):
         raise TypeError(f"gather needs an int axis, got {axis!r}.")
-    tensors, distributed = _components(strategy, value)
-    if not distributed and strategy._num_workers == 1:
-        tensors = tensors * len(strategy._devices)
+    placement = strategy.placement
+    tensors, distributed = _components(value)
+    if not distributed and placement.num_workers == 1:
+        tensors = tensors * len(placement.devices)
     dim = _check_axis(axis, tensors, "gather")
     rest = {tuple(t.shape[:dim] + t.shape[dim + 1 :]) for t in tensors}
     if len(rest) > 1:
@@ -169,19 +169,9 @@ def gather_value(strategy: Strategy, value: Any, axis: int) -> torch.Tensor:
             f"another dimension. Only axis {axis} may differ."
         )
     local = torch.cat(tensors, dim=dim)
-    if strategy._num_workers > 1:
-        return strategy._gather_across_workers(local, dim)
+    if placement.num_workers > 1:
+        return strategy.gather_across_workers(local, dim)
     return local
-
-
-def _ops_for(strategy: Strategy) -> CrossDeviceOps:
-    ops = strategy._cross_device_ops
-    if ops is None:
-        ops = ReductionToOneDevice()
-        ops.telemetry = strategy._telemetry
-        strategy._cross_device_ops = ops
-    ops._num_replicas_hint = strategy.num_replicas_in_sync
-    return ops
 
 
 def _require_cross_replica(what: str) -> None:
@@ -194,17 +184,22 @@ def _require_cross_replica(what: str) -> None:
 
 
 def reduce_to(
-    strategy: Strategy, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any
+    strategy: WorkerCommunication,
+    reduce_op: ReduceOp | str,
+    value: Any,
+    destinations: Any,
+    options: Any,
 ) -> Any:
     """`StrategyExtended.reduce_to`."""
     _require_cross_replica("extended.reduce_to")
     op = ReduceOp.from_value(reduce_op)
     devices = resolve_destinations(destinations)
-    return _ops_for(strategy).reduce(op, value, devices, strategy._communication_options(options))
+    ops = strategy.reduction_ops()
+    return ops.reduce(op, value, devices, strategy.communication_options(options))
 
 
 def batch_reduce_to(
-    strategy: Strategy,
+    strategy: WorkerCommunication,
     reduce_op: ReduceOp | str,
     value_destination_pairs: Sequence[tuple[Any, Any]],
     options: Any,
@@ -213,11 +208,12 @@ def batch_reduce_to(
     _require_cross_replica("extended.batch_reduce_to")
     op = ReduceOp.from_value(reduce_op)
     pairs = [(value, resolve_destinations(dest)) for value, dest in value_destination_pairs]
-    return _ops_for(strategy).batch_reduce(op, pairs, strategy._communication_options(options))
+    ops = strategy.reduction_ops()
+    return ops.batch_reduce(op, pairs, strategy.communication_options(options))
 
 
 def update(
-    strategy: Strategy,
+    strategy: WorkerCommunication,
     var: Any,
     fn: Callable[..., Any],
     args: tuple,
@@ -227,13 +223,12 @@ def update(
     """`StrategyExtended.update`: `fn(component, *args)` on each component of `var`."""
     _require_cross_replica("extended.update")
     components = var.values if isinstance(var, DistributedValues) else (var,)
-    devices = getattr(var, "devices", None) or strategy._parameter_devices
+    devices = getattr(var, "devices", None) or strategy.placement.parameter_devices
     results = []
-    with context.update_context():
-        for index, component in enumerate(components):
-            local_args = select_replica(index, args, unwrap_variables=True)
-            local_kwargs = select_replica(index, kwargs, unwrap_variables=True)
-            results.append(fn(component, *local_args, **local_kwargs))
+    for index, component in enumerate(components):
+        local_args = select_replica(index, args, unwrap_variables=True)
+        local_kwargs = select_replica(index, kwargs, unwrap_variables=True)
+        results.append(fn(component, *local_args, **local_kwargs))
     if not group:
         return tuple(results)
     if len(results) == 1:

@@ -432,8 +432,8 @@ class MirroredVariable(DistributedVariable):
                 first = (
                     per_replica.values[0] if isinstance(per_replica, PerReplica) else per_replica
                 )
-                merged = strategy._broadcast_from_first(_as_tensor(first))
-            elif isinstance(per_replica, PerReplica) or strategy._num_workers > 1:
+                merged = strategy.extended.broadcast_from_first(_as_tensor(first))
+            elif isinstance(per_replica, PerReplica) or strategy.extended.placement.num_workers > 1:
                 op = ReduceOp.SUM if aggregation is VariableAggregation.SUM else ReduceOp.MEAN
                 merged = strategy.reduce(op, per_replica, axis=None)
             else:
@@ -474,7 +474,7 @@ class SyncOnReadVariable(DistributedVariable):
         aggregation = self._aggregation
         strategy = self._strategy
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
-            return strategy._broadcast_from_first(self.primary._read())
+            return strategy.extended.broadcast_from_first(self.primary._read())
         if aggregation is VariableAggregation.NONE:
             raise ValueError(
                 f"SyncOnReadVariable {self._name!r} has aggregation NONE, so it has no "
@@ -482,7 +482,7 @@ class SyncOnReadVariable(DistributedVariable):
                 "aggregation SUM, MEAN or ONLY_FIRST_REPLICA."
             )
         tensors = [c._read().to(self.primary._read().device) for c in self._values]
-        total = strategy._across_workers(ReduceOp.SUM, ReduceOp.SUM.combine(tensors))
+        total = strategy.extended.across_workers(ReduceOp.SUM, ReduceOp.SUM.combine(tensors))
         if aggregation is VariableAggregation.SUM:
             return total
         if not total.is_floating_point():

@@ -79,7 +79,7 @@ class Workers:
             row[0] = 1
             row[1 : 1 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
         try:
-            rows = self.strategy._gather_across_workers(row.reshape(1, _ROW), 0)
+            rows = self.strategy.extended.gather_across_workers(row.reshape(1, _ROW), 0)
         except errors.NbdistError as lost:  # a worker that never came, died or did otherwise
             if error is not None:
                 raise error from lost

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from nbdist._private_api import pytree
 from nbdist.cluster import _wire
 from nbdist.cluster.errors import RemoteNameError
+from nbdist.placement import Placement, SingleWorker
 from nbdist.reduce import ReduceOp
 from nbdist.strategies.base import check_run_options
 from nbdist.values import DistributedValues, PerReplica
@@ -106,15 +107,6 @@ def remote(name: str) -> RemoteRef:
     return RemoteRef(name)
 
 
-class _ClientReplicas:
-    """What `nbdist.reduction` needs of a strategy, for values that are all in the notebook."""
-
-    def __init__(self, num_replicas: int):
-        self.num_replicas_in_sync = num_replicas
-        self._num_workers = 1
-        self._devices = ("cpu",) * num_replicas
-
-
 class EngineStrategy:
     """A client-side strategy whose replicas are a `Cluster`'s engines (`cluster.strategy`).
 
@@ -136,6 +128,10 @@ class EngineStrategy:
     def num_replicas_in_sync(self) -> int:
         """The number of engines (one replica each)."""
         return self._cluster.num_engines
+
+    def _client_workers(self) -> SingleWorker:
+        """The engines' results, all in the notebook: replicas with nothing left to exchange."""
+        return SingleWorker(Placement(devices=("cpu",) * self.num_replicas_in_sync))
 
     # -- run ----------------------------------------------------------------------------
     def run(
@@ -257,9 +253,9 @@ class EngineStrategy:
         op = ReduceOp.from_value(reduce_op)
         if axis is not None and not isinstance(axis, int):
             raise TypeError(f"axis must be an int or None, got {axis!r}.")
-        replicas = _ClientReplicas(self.num_replicas_in_sync)
+        replicas = self._client_workers()
         return pytree.tree_map(
-            lambda leaf: reduction.reduce_value(replicas, op, leaf, axis),  # type: ignore[arg-type]
+            lambda leaf: reduction.reduce_value(replicas, op, leaf, axis),
             value,
             is_leaf=lambda leaf: isinstance(leaf, DistributedValues),
         )
@@ -268,9 +264,9 @@ class EngineStrategy:
         """Concatenate the replicas' components along `axis`, in replica order, on the CPU."""
         from nbdist import reduction
 
-        replicas = _ClientReplicas(self.num_replicas_in_sync)
+        replicas = self._client_workers()
         return pytree.tree_map(
-            lambda leaf: reduction.gather_value(replicas, leaf, axis),  # type: ignore[arg-type]
+            lambda leaf: reduction.gather_value(replicas, leaf, axis),
             value,
             is_leaf=lambda leaf: isinstance(leaf, DistributedValues),
         )

@@ -165,8 +165,3 @@ class GradientBuckets:
                 bucket.ready, bucket.work = 0, None
             self._launched = 0
             self._touched.clear()
-
-
-def hook_count(buckets: GradientBuckets) -> int:
-    """How many parameters are hooked (for tests)."""
-    return len(buckets._where)

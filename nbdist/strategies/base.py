@@ -15,10 +15,11 @@ import torch
 from nbdist import context
 from nbdist._private_api import pytree
 from nbdist.communication import CommunicationOptions
-from nbdist.cross_device_ops import CrossDeviceOps, resolve_destinations
+from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice, resolve_destinations
+from nbdist.placement import Placement
 from nbdist.reduce import ReduceOp
 from nbdist.telemetry import Telemetry
-from nbdist.values import DistributedValues, Mirrored, PerReplica, select_replica
+from nbdist.values import DistributedValues, PerReplica, select_replica
 
 __all__ = ["ReplicaContext", "Strategy", "StrategyExtended", "check_run_options"]
 
@@ -174,7 +175,7 @@ class Strategy:
         from nbdist import reduction
 
         return pytree.tree_map(
-            lambda leaf: reduction.reduce_value(self, op, leaf, axis),
+            lambda leaf: reduction.reduce_value(self.extended, op, leaf, axis),
             value,
             is_leaf=lambda leaf: isinstance(leaf, DistributedValues),
         )
@@ -197,7 +198,7 @@ class Strategy:
         from nbdist import reduction
 
         return pytree.tree_map(
-            lambda leaf: reduction.gather_value(self, leaf, axis),
+            lambda leaf: reduction.gather_value(self.extended, leaf, axis),
             value,
             is_leaf=lambda leaf: isinstance(leaf, DistributedValues),
         )
@@ -388,6 +389,45 @@ class StrategyExtended:
         """The algorithm that reduces across this worker's devices."""
         return self._strategy._cross_device_ops
 
+    # -- WorkerCommunication: the interface of the cross-replica rules (nbdist.placement) ----
+    @property
+    def placement(self) -> Placement:
+        """Where the replicas compute and the variables live, on every worker."""
+        s = self._strategy
+        return Placement(s._devices, s._parameter_devices, s._num_workers, s._worker_index)
+
+    def across_workers(self, reduce_op: ReduceOp | str, tensor: torch.Tensor) -> torch.Tensor:
+        """Combine this worker's `tensor` with the other workers' (one worker: itself).
+
+        Context: cross-replica; a collective on multi-worker strategies (every worker calls it).
+        """
+        return self._strategy._across_workers(ReduceOp.from_value(reduce_op), tensor)
+
+    def gather_across_workers(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        """Concatenate this worker's `tensor` with the other workers' along `axis` (lengths
+        along `axis` may differ). Context: as `across_workers`."""
+        return self._strategy._gather_across_workers(tensor, axis)
+
+    def broadcast_from_first(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The first worker's value of `tensor`. Context: as `across_workers`."""
+        return self._strategy._broadcast_from_first(tensor)
+
+    def reduction_ops(self) -> CrossDeviceOps:
+        """The algorithm `reduce_to` and `batch_reduce_to` use (reduction to one device when
+        the strategy has none)."""
+        s = self._strategy
+        ops = s._cross_device_ops
+        if ops is None:
+            ops = ReductionToOneDevice()
+            ops.telemetry = s._telemetry
+            s._cross_device_ops = ops
+        ops._num_replicas_hint = s.num_replicas_in_sync
+        return ops
+
+    def communication_options(self, override: Any = None) -> CommunicationOptions:
+        """The strategy's communication options with `override`'s settings applied."""
+        return self._strategy._communication_options(override)
+
     def reduce_to(
         self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None
     ) -> Any:
@@ -397,7 +437,7 @@ class StrategyExtended:
         """
         from nbdist import reduction
 
-        return reduction.reduce_to(self._strategy, reduce_op, value, destinations, options)
+        return reduction.reduce_to(self, reduce_op, value, destinations, options)
 
     def batch_reduce_to(
         self,
@@ -408,9 +448,7 @@ class StrategyExtended:
         """Many `reduce_to` calls in one communication (tensors packed into buckets)."""
         from nbdist import reduction
 
-        return reduction.batch_reduce_to(
-            self._strategy, reduce_op, value_destination_pairs, options
-        )
+        return reduction.batch_reduce_to(self, reduce_op, value_destination_pairs, options)
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         """Mirror `tensor` onto `destinations`."""
@@ -438,7 +476,7 @@ class StrategyExtended:
         """
         from nbdist import reduction
 
-        return reduction.update(self._strategy, var, fn, tuple(args), dict(kwargs or {}), group)
+        return reduction.update(self, var, fn, tuple(args), dict(kwargs or {}), group)
 
     @contextlib.contextmanager
     def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
@@ -447,12 +485,6 @@ class StrategyExtended:
 
         with variables.colocated_with(colocate_with_variable):
             yield
-
-    def call_for_each_replica(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict | None = None
-    ) -> Any:
-        """TF's older name for `strategy.run`."""
-        return self._strategy.run(fn, args, kwargs)
 
 
 class ReplicaContext:
@@ -535,8 +567,3 @@ class ReplicaContext:
             f"ReplicaContext(replica_id_in_sync_group={self._replica_id}, "
             f"num_replicas_in_sync={self.num_replicas_in_sync})"
         )
-
-
-def is_distributed(value: Any) -> bool:
-    """True for values that hold a component per replica."""
-    return isinstance(value, (PerReplica, Mirrored, DistributedValues))

@@ -112,4 +112,4 @@ def get_loss_reduction() -> ReduceOp:
         >>> nd.get_loss_reduction()
         <ReduceOp.MEAN: 'MEAN'>
     """
-    return context.loss_reduction() or ReduceOp.MEAN
+    return ReduceOp.MEAN

@@ -318,9 +318,7 @@ class LocalStrategy(Strategy):
         return self._options.timeout
 
     def _cross_ops(self) -> CrossDeviceOps:
-        from nbdist.reduction import _ops_for
-
-        return _ops_for(self)
+        return self.extended.reduction_ops()
 
     # -- variables ------------------------------------------------------------------------
     def _create_variable(

@@ -462,8 +462,3 @@ def _backend(implementation: CommunicationImplementation, device: str) -> str:
     if implementation is CommunicationImplementation.RING:
         return "gloo"
     return "nccl" if on_gpu else "gloo"
-
-
-def is_distributed(value: Any) -> bool:
-    """True for values holding a component per local replica."""
-    return isinstance(value, DistributedValues)
