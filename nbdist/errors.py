@@ -17,6 +17,7 @@ __all__ = [
     "RendezvousError",
     "ReplicaReleasedError",
     "StrategyMixingError",
+    "UnknownArgumentError",
     "UnsupportedOptionError",
     "WorkerLostError",
 ]
@@ -98,3 +99,8 @@ class UnsupportedOptionError(NbdistError, ValueError):
         ...     isinstance(err, ValueError)
         True
     """
+
+
+class UnknownArgumentError(NbdistError, TypeError):
+    """A keyword argument nbdist does not know (a typo, or another library's), named with the
+    arguments that are accepted."""

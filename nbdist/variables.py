@@ -85,10 +85,61 @@ def colocation_devices() -> tuple[str, ...] | None:
     return _colocate_devices.get()
 
 
+_ACCEPTED = ("initial_value", "trainable", "synchronization", "aggregation", "name", "dtype")
+# TensorFlow's other `tf.Variable` arguments: accepted only at the value that changes nothing.
+_TF_ONLY = {
+    "validate_shape": (True, "variables take the shape of their initial value"),
+    "shape": (None, "variables take the shape of their initial value"),
+    "caching_device": (None, "there is no variable caching"),
+    "constraint": (None, "apply the constraint after the optimizer step instead"),
+    "variable_def": (None, "there are no graph protos"),
+    "import_scope": (None, "there are no graph protos"),
+    "experimental_enable_variable_lifting": (True, "there is no graph to lift from"),
+}
+
+
+def checked_arguments(kwargs: dict[str, Any], in_strategy: bool) -> dict[str, Any]:
+    """`kwargs` of `nd.Variable(...)` without TensorFlow's no-op arguments; any other argument
+    nbdist does not support is refused by name (never swallowed).
+
+    Example:
+        >>> checked_arguments({"name": "w", "validate_shape": True}, in_strategy=False)
+        {'name': 'w'}
+    """
+    from nbdist.errors import UnknownArgumentError, UnsupportedOptionError
+
+    out = {}
+    for key, value in kwargs.items():
+        if key in _ACCEPTED or (key == "device" and not in_strategy):
+            out[key] = value
+        elif key == "device":
+            raise UnsupportedOptionError(
+                f"nd.Variable got device={value!r} inside a strategy's scope, where the "
+                "strategy places variables. Remove device=, use "
+                "strategy.extended.colocate_vars_with(other_variable), or create the variable "
+                "outside the scope."
+            )
+        elif key in _TF_ONLY:
+            no_op, why = _TF_ONLY[key]
+            if value is no_op or (isinstance(no_op, bool) and value == no_op):
+                continue
+            raise UnsupportedOptionError(
+                f"nd.Variable got {key}={value!r}, a TensorFlow argument nbdist does not "
+                f"support ({why}). Remove {key}=."
+            )
+        else:
+            accepted = ", ".join([*_ACCEPTED, "device"])
+            raise UnknownArgumentError(
+                f"nd.Variable got an unexpected argument {key!r}. It accepts: {accepted}."
+            )
+    return out
+
+
 class _VariableMeta(type):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is Variable:
             strategy = context.current_scope_strategy()
+            kwargs = checked_arguments(kwargs, in_strategy=strategy is not None)
             if strategy is not None:
                 return strategy._create_variable(*args, **kwargs)
         return super().__call__(*args, **kwargs)

@@ -329,7 +329,6 @@ class LocalStrategy(Strategy):
         aggregation: Any = VariableAggregation.NONE,
         name: str | None = None,
         dtype: torch.dtype | None = None,
-        **unused: Any,
     ) -> Variable:
         if not self._is_multi_replica:
             return single_variable(

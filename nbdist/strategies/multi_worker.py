@@ -350,7 +350,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         aggregation: Any = VariableAggregation.NONE,
         name: str | None = None,
         dtype: torch.dtype | None = None,
-        **unused: Any,
     ) -> Variable:
         broadcast = self._group.broadcast_ if self._group is not None else None
         return create_distributed_variable(
