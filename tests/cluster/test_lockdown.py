@@ -54,9 +54,12 @@ def _listening(pids) -> list[tuple[int, str, str, int]]:
 def test_every_socket_of_the_cluster_listens_on_loopback_only(cluster):
     pids = cluster.processes
     listening = _listening(pids)
-    print(f"\n{len(listening)} listening sockets of {len(pids)} processes:")
-    for pid, name, ip, port in sorted(listening, key=lambda s: (s[1], s[0], s[3])):
-        print(f"  pid {pid:>7} {name:<40} {ip}:{port}")
+    owners: dict[str, set[str]] = {}  # forked schedulers share their parent's sockets
+    for pid, name, ip, port in listening:
+        owners.setdefault(f"{ip}:{port}", set()).add(f"{name.split()[-1]} ({pid})")
+    print(f"\n{len(owners)} listening addresses of {len(pids)} processes:")
+    for address, names in sorted(owners.items(), key=lambda item: sorted(item[1])):
+        print(f"  {address:<22} {', '.join(sorted(names))}")
     assert len(listening) >= 10  # controller, schedulers, engines, nannies, store, gloo
     exposed = [s for s in listening if not ipaddress.ip_address(s[2]).is_loopback]
     assert not exposed, f"sockets listening beyond loopback: {exposed}"
