@@ -24,6 +24,7 @@ __all__ = [
     "current_scope_strategy",
     "enter_replica_context",
     "enter_strategy",
+    "in_merge_call",
 ]
 
 # The strategy whose scope is active (None: the default strategy answers).
@@ -34,6 +35,8 @@ _scope_strategy: contextvars.ContextVar[Strategy | None] = contextvars.ContextVa
 _replica_context: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar(
     "nbdist_replica_context", default=None
 )
+# True inside a `merge_call` function (cross-replica context, even for the default strategy).
+_merging: contextvars.ContextVar[bool] = contextvars.ContextVar("nbdist_merging", default=False)
 # The strategy made current with `experimental_set_strategy` (outside any `with`).
 _set_strategy: contextvars.ContextVar[Strategy | None] = contextvars.ContextVar(
     "nbdist_set_strategy", default=None
@@ -50,6 +53,11 @@ def current_replica_context() -> ReplicaContext | None:
     return _replica_context.get()
 
 
+def in_merge_call() -> bool:
+    """True inside a `merge_call` function (entered with `enter_replica_context(None)`)."""
+    return _merging.get()
+
+
 @contextlib.contextmanager
 def enter_strategy(strategy: Strategy) -> Iterator[None]:
     """Make `strategy` current in cross-replica context (the body of `Strategy.scope`).
@@ -58,7 +66,7 @@ def enter_strategy(strategy: Strategy) -> Iterator[None]:
         StrategyMixingError: another, different strategy is already current.
     """
     active = current_scope_strategy()
-    if active is not None and active is not strategy:
+    if active is not None and active is not strategy and _changes_context(active):
         raise StrategyMixingError(
             f"Mixing different nbdist.Strategy objects: {type(strategy).__name__} was entered "
             f"while the scope of {type(active).__name__} is active. Leave the first strategy's "
@@ -66,11 +74,18 @@ def enter_strategy(strategy: Strategy) -> Iterator[None]:
         )
     strategy_token = _scope_strategy.set(strategy)
     replica_token = _replica_context.set(None)
+    merging_token = _merging.set(False)
     try:
         yield
     finally:
+        _merging.reset(merging_token)
         _replica_context.reset(replica_token)
         _scope_strategy.reset(strategy_token)
+
+
+def _changes_context(strategy: Strategy) -> bool:
+    """False for the default strategy, whose scope changes no context (TF's default strategy)."""
+    return getattr(strategy, "changes_context", True)
 
 
 @contextlib.contextmanager
@@ -80,9 +95,11 @@ def enter_replica_context(replica_context: ReplicaContext | None) -> Iterator[No
         replica_context.strategy if replica_context is not None else current_scope_strategy()
     )
     replica_token = _replica_context.set(replica_context)
+    merging_token = _merging.set(replica_context is None)
     try:
         yield
     finally:
+        _merging.reset(merging_token)
         _replica_context.reset(replica_token)
         _scope_strategy.reset(strategy_token)
 

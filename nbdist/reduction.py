@@ -157,9 +157,12 @@ def gather_value(strategy: WorkerCommunication, value: Any, axis: int) -> torch.
     if not isinstance(axis, int):
         raise TypeError(f"gather needs an int axis, got {axis!r}.")
     placement = strategy.placement
-    tensors, distributed = _components(value)
-    if not distributed and placement.num_workers == 1:
-        tensors = tensors * len(placement.devices)
+    if not isinstance(value, DistributedValues) and placement.num_workers == 1:
+        # As TensorFlow's MirroredStrategy: a value that is not distributed comes back as it is
+        # (one copy, not one per replica). Across workers a plain value is this worker's
+        # component, gathered as TF's CollectiveAllReduce does.
+        return value
+    tensors, _ = _components(value)
     dim = _check_axis(axis, tensors, "gather")
     rest = {tuple(t.shape[:dim] + t.shape[dim + 1 :]) for t in tensors}
     if len(rest) > 1:

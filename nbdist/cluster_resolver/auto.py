@@ -26,7 +26,8 @@ __all__ = ["resolve_cluster"]
 def resolve_cluster(environ: MutableMapping[str, str] | None = None) -> ClusterResolver | None:
     """The resolver for the cluster this process was launched into, or `None` for none.
 
-    1. `TF_CONFIG` set and not blank: a `TFConfigClusterResolver`.
+    1. `TF_CONFIG` describing a cluster: a `TFConfigClusterResolver` (`{}`, blank, or an
+       empty `"cluster"` count as unset, as in TensorFlow).
     2. `RANK` and `WORLD_SIZE` set (torchrun and launchers like it): a
        `TorchrunClusterResolver`.
     3. Inside a Slurm job step of more than one task (`SLURM_PROCID` and
@@ -51,7 +52,10 @@ def resolve_cluster(environ: MutableMapping[str, str] | None = None) -> ClusterR
     """
     env = os.environ if environ is None else environ
     if env.get("TF_CONFIG", "").strip():
-        return TFConfigClusterResolver(environ=env)
+        resolver = TFConfigClusterResolver(environ=env)
+        if resolver.cluster_spec().jobs:
+            return resolver
+        # `TF_CONFIG='{}'` (or an empty cluster) describes no cluster: as if it were unset.
     if "RANK" in env and "WORLD_SIZE" in env:
         return TorchrunClusterResolver(environ=env)
     if _in_slurm_step(env):

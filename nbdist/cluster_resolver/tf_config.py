@@ -35,6 +35,9 @@ _EXAMPLE = (
 )
 # TensorFlow lets an evaluator run beside the cluster without being one of its jobs.
 _OUTSIDE_CLUSTER_TASK_TYPES = ("evaluator",)
+# Keys that may stand without a "cluster" (an empty cluster, as in TensorFlow). A "task" may not:
+# a task of no cluster is a broken description, and an unknown key is most likely a typo.
+_KEYS_WITHOUT_CLUSTER = frozenset({"rpc_layer", "environment", "session_master"})
 
 
 class TFConfigClusterResolver(ClusterResolver):
@@ -53,7 +56,7 @@ class TFConfigClusterResolver(ClusterResolver):
             `"cluster"`, has an address without a valid `host:port`, names a task type that is
             not a job of the cluster (an `"evaluator"` may be outside it, as in TensorFlow), or a
             task index past its job's size; the same checks apply to `task_type`/`task_id`.
-            An unset or blank `TF_CONFIG` is an empty cluster, as in TensorFlow.
+            An unset or blank `TF_CONFIG`, or `{}`, is an empty cluster, as in TensorFlow.
 
     Example:
         >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["localhost:12345", "localhost:23456"]},'
@@ -210,7 +213,7 @@ class _Config:
 
 
 def _load(environ: Mapping[str, str]) -> _Config | None:
-    """Parse and check `TF_CONFIG`; `None` when it is unset or blank."""
+    """Parse and check `TF_CONFIG`; `None` when it is unset, blank or `{}`."""
     raw = environ.get(_VAR)
     if raw is None or not raw.strip():
         return None
@@ -226,12 +229,15 @@ def _load(environ: Mapping[str, str]) -> _Config | None:
             f"TF_CONFIG must be a JSON object; got {type(config).__name__} {_shorten(raw)}. "
             f"Set it to a JSON object such as {_EXAMPLE}."
         )
-    if "cluster" not in config:
+    if not config:
+        # `{}`, as deployment templates often set it: no cluster, exactly as when unset (TF).
+        return None
+    if "cluster" not in config and not set(config) <= _KEYS_WITHOUT_CLUSTER:
         raise ClusterConfigError(
             f"TF_CONFIG has no 'cluster' key (its keys: {sorted(config)}). Describe the cluster "
             f"as in {_EXAMPLE}, or unset TF_CONFIG for a single worker."
         )
-    cluster = config["cluster"]
+    cluster = config.get("cluster", {})
     if not isinstance(cluster, dict):
         raise ClusterConfigError(
             f"TF_CONFIG 'cluster' must map job names to lists of 'host:port' addresses; got "

@@ -75,6 +75,9 @@ class Strategy:
         return len(self._devices) > 1
 
     # -- scope ----------------------------------------------------------------------------
+    # Whether `scope()` enters cross-replica context; only the default strategy's does not.
+    changes_context = True
+
     @contextlib.contextmanager
     def scope(self, *, sync_gradients: bool = True) -> Iterator[Strategy]:
         """Make this strategy current and capture the variables and modules created inside.
@@ -183,7 +186,9 @@ class Strategy:
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenate the replicas' components along `axis`, in replica order.
 
-        Context: cross-replica (inside `run` use `ReplicaContext.all_gather`).
+        Context: cross-replica (inside `run` use `ReplicaContext.all_gather`). A value that is
+        not distributed (a plain tensor) comes back unchanged, as in TensorFlow; across
+        workers it is this worker's component.
 
         Raises:
             ValueError: components of rank 0, or `axis` out of range.

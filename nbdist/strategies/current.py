@@ -20,6 +20,7 @@ __all__ = [
 
 _default_lock = threading.Lock()
 _default: list[DefaultStrategy] = []
+_default_replica: list[ReplicaContext] = []
 
 
 def _default_strategy() -> DefaultStrategy:
@@ -27,6 +28,15 @@ def _default_strategy() -> DefaultStrategy:
         if not _default:
             _default.append(DefaultStrategy())
         return _default[0]
+
+
+def _default_replica_context() -> ReplicaContext:
+    """The one default replica context (TF returns the same object at every call)."""
+    strategy = _default_strategy()
+    with _default_lock:
+        if not _default_replica:
+            _default_replica.append(ReplicaContext(strategy, 0, 0))
+        return _default_replica[0]
 
 
 def get_strategy() -> Strategy:
@@ -59,7 +69,8 @@ def has_strategy() -> bool:
 
 def get_replica_context() -> ReplicaContext | None:
     """The replica context: inside `run` the replica's, in cross-replica context None,
-    outside every scope the default replica context (replica 0 of the default strategy).
+    outside every scope (and inside the default strategy's scope, as in TensorFlow) the
+    default replica context (replica 0 of the default strategy).
 
     Example:
         >>> import nbdist as nd
@@ -71,22 +82,34 @@ def get_replica_context() -> ReplicaContext | None:
     replica = context.current_replica_context()
     if replica is not None:
         return replica
-    if context.current_scope_strategy() is not None:
+    if _non_default_scope() is not None or context.in_merge_call():
         return None
-    return ReplicaContext(_default_strategy(), 0, 0)
+    return _default_replica_context()
 
 
 def in_cross_replica_context() -> bool:
     """True inside `strategy.scope()` and outside `run` (and inside a `merge_call` function).
+
+    The default strategy's scope does not count, as in TensorFlow: it changes no context.
 
     Example:
         >>> import nbdist as nd
         >>> nd.in_cross_replica_context()
         False
     """
-    return (
-        context.current_scope_strategy() is not None and context.current_replica_context() is None
-    )
+    if context.current_replica_context() is not None:
+        return False
+    return _non_default_scope() is not None or context.in_merge_call()
+
+
+def _non_default_scope() -> Strategy | None:
+    """The active scope's strategy, unless it is the default strategy.
+
+    TensorFlow's default strategy does not change the context: inside its `scope()` the caller
+    stays in the default replica context (replica 0, one replica in sync), not cross-replica.
+    """
+    strategy = context.current_scope_strategy()
+    return strategy if strategy is not None and strategy.changes_context else None
 
 
 def experimental_set_strategy(strategy: Strategy | None) -> None:

@@ -40,6 +40,9 @@ class DefaultStrategy(LocalStrategy):
         1
     """
 
+    # Its scope changes no context, and another strategy may be entered inside it (as in TF).
+    changes_context = False
+
     def __init__(self) -> None:
         device = torch.get_default_device()
         name = f"{device.type}:{device.index or 0}"
