@@ -97,6 +97,8 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     }
     os.environ.pop("TF_CONFIG", None)
     os.environ.update(env)
+    # the store listens on the rendezvous address only (Note [A store on one address])
+    os.environ["NBDIST_BIND_STORE"] = "1"
     if config["master_addr"] in ("127.0.0.1", "localhost") and "GLOO_SOCKET_IFNAME" not in (
         os.environ
     ):

@@ -12,9 +12,12 @@ checked once, when the model's scope exits.
 Note [Naming the missing rank] and Note [Raw collectives]: see `nbdist.collectives.liveness`.
 
 Note [A store on one address]: torch's `TCPStore` server listens on every interface, and the
-store has no authentication. Rank 0 therefore opens the listening socket itself, on the
-rendezvous address only (127.0.0.1 for a cluster on one machine), and hands it to the store
-(`master_listen_fd`); with an address that is not this machine's own, torch's default applies.
+store has no authentication. When the rendezvous address is a loopback one (every worker on
+this machine), rank 0 therefore opens the listening socket itself on that address and hands it
+to the store (`master_listen_fd`). Other addresses get the same when `BIND_STORE_ENV` is "1"
+(nd.Cluster's engines: their rendezvous address is the one the other engines reach); for
+scripts (torchrun, TF_CONFIG) torch's default stays, since on a machine with several networks
+other workers may reach rank 0 through another of its addresses.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import ipaddress
 import itertools
 import os
 import socket
@@ -45,7 +49,11 @@ from nbdist.errors import (
 from nbdist.reduce import ReduceOp
 from nbdist.telemetry import Telemetry
 
-__all__ = ["DistGroup", "raised_in_torch_distributed"]
+__all__ = ["BIND_STORE_ENV", "DistGroup", "raised_in_torch_distributed"]
+
+BIND_STORE_ENV = "NBDIST_BIND_STORE"
+"""Set to "1" to make rank 0's store listen on the rendezvous address only, whatever it is
+(Note [A store on one address])."""
 
 _SIGNATURE_WIDTH = 64
 _MAX_DESCRIBED = 5
@@ -664,6 +672,9 @@ def _listen_on(addr: str, port: int) -> socket.socket | None:
     try:
         infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
     except OSError:
+        return None
+    loopback = all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+    if not loopback and os.environ.get(BIND_STORE_ENV) != "1":
         return None
     local = _local_addresses()
     infos.sort(key=lambda info: info[0] != socket.AF_INET)  # IPv4 first, as clients try it
