@@ -267,8 +267,13 @@ class Supervisor:
             for info, reply in zip(self.engines, replies)
             if isinstance(reply, BaseException) and _engine_error(reply)
         ]
-        failed_collective = any(
-            isinstance(reply, dict) and reply.get("ename") in _COLLECTIVE_ERRORS
+        failed_collective = any(  # nbdist's collectives, or a torch.distributed call's error
+            isinstance(reply, dict)
+            and not reply_ok(reply)
+            and (
+                reply.get("ename") in _COLLECTIVE_ERRORS
+                or "torch.distributed." in str(reply.get("where") or "")
+            )
             for reply in replies
         )
         if not (self.fault or self.released or failed_collective or died or still):
