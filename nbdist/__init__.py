@@ -31,6 +31,7 @@ from nbdist.input import (
     InputOptions,
     InputReplicationMode,
 )
+from nbdist.metrics import log, progress
 from nbdist.reduce import ReduceOp
 from nbdist.strategies import (
     CentralStorageStrategy,
@@ -107,6 +108,8 @@ __all__ = [
     "has_strategy",
     "in_cross_replica_context",
     "load_ipython_extension",
+    "log",
+    "progress",
     "remote",
     "unload_ipython_extension",
 ]

@@ -1,7 +1,12 @@
-"""A bounded in-memory record of every collective, written by the collectives, read by dashboards.
+"""A bounded in-memory record of every collective and step, written by the strategies, read by
+dashboards.
 
 Recording appends one tuple to a `deque`; the dataclass view is built only when read, so
-recording stays well under 2 % of a 4 KiB all-reduce. Imports nothing from nbdist.
+recording stays well under 2 % of a 4 KiB all-reduce. When the log is full, the oldest record
+is folded into a per-op aggregate (count, bytes, total time, a log2 histogram of durations)
+instead of being lost, so memory stays bounded however long training runs. `snapshot()`
+turns everything into plain tuples (for sending from engines to the notebook); its times are
+wall-clock seconds so that several processes' records line up. Imports nothing from nbdist.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import itertools
 import time
 from collections.abc import Sequence
 
-__all__ = ["CollectiveRecord", "Telemetry"]
+__all__ = ["HISTOGRAM_BINS", "CollectiveRecord", "OpAggregate", "StepRecord", "Telemetry", "now"]
+
+HISTOGRAM_BINS = 32
+"""Duration histogram bins: bin k holds durations in [2**k, 2**(k+1)) microseconds."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +52,46 @@ class CollectiveRecord:
         return self.nbytes / self.duration if self.duration > 0 else 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One `strategy.run` call: which replicas ran, when it started and how long it took.
+
+    A step's communication time is the collectives' time inside it; the rest is compute.
+    """
+
+    replicas: tuple[int, ...]
+    start: float
+    duration: float
+
+
+@dataclasses.dataclass
+class OpAggregate:
+    """Everything known about one op's records that were folded out of the log.
+
+    Attributes:
+        count: Records folded.
+        nbytes: Their bytes, summed.
+        seconds: Their durations, summed.
+        histogram: Counts per duration bin (`HISTOGRAM_BINS`, log2 of microseconds).
+    """
+
+    count: int = 0
+    nbytes: int = 0
+    seconds: float = 0.0
+    histogram: list[int] = dataclasses.field(default_factory=lambda: [0] * HISTOGRAM_BINS)
+
+    def add(self, nbytes: int, duration: float) -> None:
+        """Fold one record in."""
+        self.count += 1
+        self.nbytes += nbytes
+        self.seconds += duration
+        micro = int(duration * 1e6)
+        self.histogram[min(max(micro.bit_length() - 1, 0), HISTOGRAM_BINS - 1)] += 1
+
+
 class Telemetry:
-    """A bounded log of `CollectiveRecord`s (the oldest are dropped first).
+    """A bounded log of `CollectiveRecord`s and `StepRecord`s (the oldest collectives are
+    folded into per-op `aggregates`, the oldest steps dropped).
 
     Example:
         >>> t = Telemetry(capacity=2)
@@ -56,7 +102,20 @@ class Telemetry:
 
     def __init__(self, capacity: int = 10_000, *, enabled: bool = True):
         self._log: collections.deque[tuple] = collections.deque(maxlen=capacity)
+        self._steps: collections.deque[tuple] = collections.deque(maxlen=capacity)
+        self._capacity = capacity
+        self.aggregates: dict[str, OpAggregate] = {}
         self.enabled = enabled
+        self.version = 0
+        """Grows with every record (readers redraw only when it changed)."""
+
+    def _make_room(self) -> None:
+        if len(self._log) == self._capacity:
+            record = _as_record(self._log[0])
+            aggregate = self.aggregates.get(record.op)
+            if aggregate is None:
+                aggregate = self.aggregates[record.op] = OpAggregate()
+            aggregate.add(record.nbytes, record.duration)
 
     def record(
         self,
@@ -70,7 +129,10 @@ class Telemetry:
     ) -> None:
         """Append one record (does nothing while `enabled` is False)."""
         if self.enabled:
+            if len(self._log) == self._capacity:
+                self._make_room()
             self._log.append((op, nbytes, implementation, replicas, start, duration, waits))
+            self.version += 1
 
     def record_arrivals(
         self,
@@ -84,7 +146,45 @@ class Telemetry:
         """Append a record from raw arrival times; start, duration and waits are derived on
         read, which keeps the hot path to one append."""
         if self.enabled:
+            if len(self._log) == self._capacity:
+                self._make_room()
             self._log.append((op, nbytes, implementation, replicas, arrivals, ready))
+            self.version += 1
+
+    def record_step(self, replicas: tuple[int, ...], start: float, duration: float) -> None:
+        """Append one step (`strategy.run`) record.
+
+        Example:
+            >>> t = Telemetry()
+            >>> t.record_step((0, 1), 1.0, 0.25)
+            >>> t.steps()[0].duration
+            0.25
+        """
+        if self.enabled:
+            self._steps.append((replicas, start, duration))
+            self.version += 1
+
+    def steps(self) -> list[StepRecord]:
+        """The step records kept, oldest first."""
+        return [StepRecord(*entry) for entry in list(self._steps)]
+
+    def snapshot(self) -> dict:
+        """Every record as plain tuples with wall-clock times (picklable, for the notebook).
+
+        Example:
+            >>> t = Telemetry()
+            >>> t.record("all_gather", 8, "local", (0,), now(), 0.001, (0.0,))
+            >>> sorted(Telemetry().snapshot())
+            ['aggregates', 'collectives', 'steps']
+        """
+        offset = time.time() - time.perf_counter()
+        collectives = [
+            (r.op, r.nbytes, r.implementation, r.replicas, r.start + offset, r.duration, r.waits)
+            for r in self.records()
+        ]
+        steps = [(s.replicas, s.start + offset, s.duration) for s in self.steps()]
+        aggregates = {op: dataclasses.asdict(a) for op, a in self.aggregates.items()}
+        return {"collectives": collectives, "steps": steps, "aggregates": aggregates}
 
     def records(self, last: int | None = None) -> list[CollectiveRecord]:
         """The records kept, oldest first (only the newest `last` when given).
@@ -104,6 +204,9 @@ class Telemetry:
     def clear(self) -> None:
         """Forget every record."""
         self._log.clear()
+        self._steps.clear()
+        self.aggregates.clear()
+        self.version += 1
 
     def __len__(self) -> int:
         return len(self._log)

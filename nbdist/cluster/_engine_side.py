@@ -121,6 +121,9 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     )
     _state["strategy"] = strategy
     _state["rank"] = int(config["rank"])
+    from nbdist.metrics import set_home_replica
+
+    set_home_replica(int(config["rank"]), engine=True)
     namespace.update(nd=nd, torch=torch, strategy=strategy)
     return {
         "device": str(strategy.extended.worker_devices[0]),

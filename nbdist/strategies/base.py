@@ -18,7 +18,7 @@ from nbdist.communication import CommunicationOptions
 from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice, resolve_destinations
 from nbdist.placement import Placement
 from nbdist.reduce import ReduceOp
-from nbdist.telemetry import Telemetry
+from nbdist.telemetry import Telemetry, now
 from nbdist.values import DistributedValues, PerReplica, select_replica
 
 __all__ = ["ReplicaContext", "Strategy", "StrategyExtended", "check_run_options"]
@@ -146,8 +146,16 @@ class Strategy:
             )
         check_run_options(options)
         kwargs = dict(kwargs or {})
-        with context.enter_strategy(self):
-            return self._call_for_each_replica(fn, tuple(args), kwargs)
+        telemetry = self._telemetry
+        if not telemetry.enabled:
+            with context.enter_strategy(self):
+                return self._call_for_each_replica(fn, tuple(args), kwargs)
+        start = now()
+        try:
+            with context.enter_strategy(self):
+                return self._call_for_each_replica(fn, tuple(args), kwargs)
+        finally:
+            telemetry.record_step(tuple(self._local_replica_ids()), start, now() - start)
 
     # -- cross-replica combination ----------------------------------------------------------
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:

@@ -1,0 +1,156 @@
+"""`nd.log(step=None, **scalars)`: training metrics per replica, for the dashboard's curves;
+`nd.progress(iterable)`: one progress bar, driven by replica 0.
+
+Metrics go to one bounded, process-wide log (`metric_log()`), whatever the strategy, so that a
+`%%distribute` cell logs on each engine without entering a scope: the replica is the calling
+replica context's id, else this process's home replica (the engine's rank on engines, 0 in a
+notebook or script). Imports nothing from Jupyter.
+
+Example:
+    >>> import nbdist as nd
+    >>> nd.log(step=3, loss=0.5)
+    >>> metric_log().last("loss")
+    (0, 3, 0.5)
+"""
+
+from __future__ import annotations
+
+import collections
+import numbers
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["MetricLog", "log", "metric_log", "progress", "set_home_replica"]
+
+_CAPACITY = 100_000
+
+
+class MetricLog:
+    """A bounded log of `(replica, step, name, value, wall_time)` tuples (oldest dropped).
+
+    Steps left out are counted per replica and name.
+    """
+
+    def __init__(self, capacity: int = _CAPACITY):
+        self._log: collections.deque[tuple] = collections.deque(maxlen=capacity)
+        self._next_step: dict[tuple[int, str], int] = {}
+        self._lock = threading.Lock()
+        self.version = 0
+        """Grows with every record (readers redraw only when it changed)."""
+
+    def add(self, replica: int, step: int | None, scalars: dict[str, float]) -> None:
+        """Record `scalars` for `replica` at `step` (the name's next step when None)."""
+        wall = time.time()
+        with self._lock:
+            for name, value in scalars.items():
+                key = (replica, name)
+                at = self._next_step.get(key, 0) if step is None else step
+                self._next_step[key] = at + 1
+                self._log.append((replica, at, name, value, wall))
+            self.version += 1
+
+    def records(self) -> list[tuple]:
+        """Every record kept, oldest first."""
+        with self._lock:
+            return list(self._log)
+
+    def last(self, name: str) -> tuple[int, int, float] | None:
+        """The newest `(replica, step, value)` logged under `name`, or None."""
+        with self._lock:
+            for replica, step, key, value, _ in reversed(self._log):
+                if key == name:
+                    return replica, step, value
+        return None
+
+    def clear(self) -> None:
+        """Forget every record."""
+        with self._lock:
+            self._log.clear()
+            self._next_step.clear()
+            self.version += 1
+
+    def __len__(self) -> int:
+        return len(self._log)
+
+
+_LOG = MetricLog()
+_home = {"replica": 0, "engine": False}
+
+
+def metric_log() -> MetricLog:
+    """This process's metric log (read by dashboards, pulled from engines)."""
+    return _LOG
+
+
+def set_home_replica(replica: int, *, engine: bool = False) -> None:
+    """Set the replica that `nd.log` outside any replica context logs for (engines: rank)."""
+    _home["replica"] = int(replica)
+    _home["engine"] = engine
+
+
+def _current_replica() -> int:
+    from nbdist.strategies.current import get_replica_context
+
+    ctx = get_replica_context()
+    strategy = getattr(ctx, "_strategy", None) if ctx is not None else None
+    if ctx is not None and getattr(strategy, "_is_multi_replica", True):
+        return ctx.replica_id_in_sync_group
+    return _home["replica"]
+
+
+def _scalar(name: Any, value: Any) -> float:
+    if not isinstance(name, str):
+        raise TypeError(f"nd.log needs string metric names; got {name!r}.")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        numel = getattr(value, "numel", None)
+        if callable(numel) and getattr(value, "dim", lambda: 1)() == 0:
+            return float(value.item())
+        raise TypeError(
+            f"nd.log: metric {name!r} must be a Python number or a 0-d tensor, got "
+            f"{type(value).__name__} {value!r:.80}. Log one number per name, e.g. "
+            f"nd.log({name}=loss.item())."
+        )
+    return float(value)
+
+
+def log(step: int | None = None, **scalars: Any) -> None:
+    """Record scalar metrics for the calling replica (replica 0 outside any strategy).
+
+    Args:
+        step: The training step; None continues from the last step logged under each name.
+        **scalars: Python numbers or 0-d tensors, by name.
+
+    Raises:
+        TypeError: A value that is not one number, naming its key.
+
+    Example:
+        >>> import nbdist as nd
+        >>> nd.log(step=0, accuracy=0.25)
+    """
+    if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
+        raise TypeError(f"nd.log: step must be an int or None, got {step!r}.")
+    values = {name: _scalar(name, value) for name, value in scalars.items()}
+    if values:
+        _LOG.add(_current_replica(), None if step is None else int(step), values)
+
+
+def progress(iterable: Iterable, **tqdm_kwargs: Any) -> Iterable:
+    """Iterate with one tqdm bar, shown by replica 0 only (others iterate silently).
+
+    On engines the bar is text (streamed to the notebook from engine 0); in a notebook it is
+    tqdm's widget; in a script, text.
+
+    Example:
+        >>> import nbdist as nd
+        >>> sum(nd.progress(range(3), disable=True))
+        3
+    """
+    if _current_replica() != 0:
+        tqdm_kwargs["disable"] = True
+    if _home["engine"]:
+        from tqdm.std import tqdm
+    else:
+        from tqdm.auto import tqdm
+    return tqdm(iterable, **tqdm_kwargs)
