@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from nbdist.errors import InvalidArgumentError
 from nbdist.names import member_by_name
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "CommunicationImplementation", "CommunicationOptions"]
@@ -37,7 +38,9 @@ class CommunicationImplementation(enum.Enum):
         if member is not None:
             return member
         names = ", ".join(m.value for m in cls)
-        raise ValueError(f"Unknown communication implementation {value!r}; choose one of {names}.")
+        raise InvalidArgumentError(
+            f"Unknown communication implementation {value!r}; choose one of {names}."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,12 +66,12 @@ class CommunicationOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.bytes_per_pack, int) or self.bytes_per_pack < 0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"bytes_per_pack must be a whole number of bytes >= 0 (0: automatic), "
                 f"got {self.bytes_per_pack!r}."
             )
         if self.timeout_seconds is not None and not self.timeout_seconds > 0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"timeout_seconds must be a positive number of seconds or None (300 s), "
                 f"got {self.timeout_seconds!r}."
             )
@@ -78,7 +81,7 @@ class CommunicationOptions:
         if self.compression is not None:
             name = str(self.compression).lower()
             if name not in ("fp16", "bf16"):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"compression must be None, 'fp16' or 'bf16', got {self.compression!r}."
                 )
             object.__setattr__(self, "compression", name)

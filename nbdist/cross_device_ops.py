@@ -16,6 +16,7 @@ import torch
 from nbdist._private_api import foreach
 from nbdist.communication import CommunicationOptions
 from nbdist.devices import canonical_devices, physical_device
+from nbdist.errors import InvalidArgumentError
 from nbdist.reduce import ReduceOp
 from nbdist.telemetry import Telemetry
 from nbdist.values import DistributedValues, Mirrored
@@ -169,7 +170,7 @@ class CrossDeviceOps:
             return tensors
         tensor = torch.as_tensor(value)
         if op is ReduceOp.SUM and self._num_replicas_hint > 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"A plain tensor cannot be SUM-reduced over {self._num_replicas_hint} replicas: "
                 "it is not a per-replica value, so the sum is ambiguous. Pass the PerReplica "
                 "value returned by strategy.run, or use MEAN."
@@ -236,7 +237,9 @@ class HierarchicalCopyAllReduce(ReductionToOneDevice):
 
     def __init__(self, num_packs: int = 1):
         if not isinstance(num_packs, int) or num_packs < 1:
-            raise ValueError(f"num_packs must be a positive whole number, got {num_packs!r}.")
+            raise InvalidArgumentError(
+                f"num_packs must be a positive whole number, got {num_packs!r}."
+            )
         super().__init__()
         self.num_packs = num_packs
 
@@ -256,7 +259,9 @@ class NcclAllReduce(CrossDeviceOps):
 
     def __init__(self, num_packs: int = 1):
         if not isinstance(num_packs, int) or num_packs < 1:
-            raise ValueError(f"num_packs must be a positive whole number, got {num_packs!r}.")
+            raise InvalidArgumentError(
+                f"num_packs must be a positive whole number, got {num_packs!r}."
+            )
         super().__init__()
         self.num_packs = num_packs
 
@@ -264,7 +269,7 @@ class NcclAllReduce(CrossDeviceOps):
         """Raise `ValueError` unless every device is a CUDA GPU."""
         others = [d for d in devices if not d.startswith("cuda")]
         if others:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"NcclAllReduce needs CUDA GPUs but the devices include {others}. Use "
                 "nbdist.ReductionToOneDevice() or nbdist.HierarchicalCopyAllReduce() for CPU "
                 "devices (or leave cross_device_ops=None to choose automatically)."
@@ -311,7 +316,7 @@ def _check_same_shapes(tensors: list[torch.Tensor]) -> None:
     shapes = [tuple(t.shape) for t in tensors]
     if len(set(shapes)) > 1:
         listed = ", ".join(f"replica {i}: {s}" for i, s in enumerate(shapes))
-        raise ValueError(
+        raise InvalidArgumentError(
             f"Cannot reduce per-replica values of different shapes ({listed}). Reduce along "
             "the batch axis with axis=0, or make every replica produce the same shape."
         )

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from nbdist.errors import ArgumentTypeError, InvalidArgumentError
+
 __all__ = ["canonical_device", "canonical_devices", "default_devices", "physical_device"]
 
 _TF_DEVICE = re.compile(
@@ -60,20 +62,22 @@ def _canonical_device(device: str | torch.device | int) -> str:
     if isinstance(device, torch.device):
         device = str(device)
     if not isinstance(device, str):
-        raise TypeError(f"A device must be a string such as 'cpu:0' or 'cuda:1', got {device!r}.")
+        raise ArgumentTypeError(
+            f"A device must be a string such as 'cpu:0' or 'cuda:1', got {device!r}."
+        )
     match = _TF_DEVICE.match(device.strip())
     kind = _KIND_ALIASES.get(match.group("kind").lower()) if match else None
     index_text = (match.group("index") if match else None) or "0"
     if kind is None or not index_text.isdigit():
-        raise ValueError(f"Unknown device {device!r}. {_devices_that_exist()}")
+        raise InvalidArgumentError(f"Unknown device {device!r}. {_devices_that_exist()}")
     index = int(index_text)
     if kind == "cuda" and index >= torch.cuda.device_count():
-        raise ValueError(
+        raise InvalidArgumentError(
             f"Device {device!r} is not available on this machine "
             f"({torch.cuda.device_count()} CUDA GPU(s)). {_devices_that_exist()}"
         )
     if kind == "mps" and (index != 0 or not torch.backends.mps.is_available()):
-        raise ValueError(f"Device {device!r} is not available. {_devices_that_exist()}")
+        raise InvalidArgumentError(f"Device {device!r} is not available. {_devices_that_exist()}")
     return f"{kind}:{index}"
 
 
@@ -88,9 +92,13 @@ def canonical_devices(devices: Sequence[str | torch.device] | str) -> tuple[str,
         devices = [devices]
     result = tuple(canonical_device(d) for d in devices)
     if not result:
-        raise ValueError("The device list is empty; pass at least one device, e.g. ['cpu:0'].")
+        raise InvalidArgumentError(
+            "The device list is empty; pass at least one device, e.g. ['cpu:0']."
+        )
     if len(set(result)) != len(result):
-        raise ValueError(f"Devices {list(devices)!r} name the same device twice: {list(result)}.")
+        raise InvalidArgumentError(
+            f"Devices {list(devices)!r} name the same device twice: {list(result)}."
+        )
     return result
 
 

@@ -7,12 +7,15 @@ Imports nothing from nbdist.
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "CheckpointError",
     "CheckpointMismatchError",
     "CheckpointTypeError",
     "ClusterConfigError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "ContextError",
+    "InvalidArgumentError",
     "NbdistError",
     "RendezvousError",
     "ReplicaReleasedError",
@@ -104,3 +107,17 @@ class UnsupportedOptionError(NbdistError, ValueError):
 class UnknownArgumentError(NbdistError, TypeError):
     """A keyword argument nbdist does not know (a typo, or another library's), named with the
     arguments that are accepted."""
+
+
+class InvalidArgumentError(NbdistError, ValueError):
+    """An argument with the right type but a value nbdist cannot use (a shape, an axis, a
+    device, a count); the message names the value and the fix."""
+
+
+class ArgumentTypeError(NbdistError, TypeError):
+    """An argument of a type nbdist does not accept; the message names what is accepted."""
+
+
+class ContextError(NbdistError, RuntimeError):
+    """A call made where it cannot work: inside `strategy.run` where cross-replica context is
+    needed, a nested `run`, a variable created inside `run`; the message says where to call it."""

@@ -6,6 +6,7 @@ import enum
 
 import torch
 
+from nbdist.errors import InvalidArgumentError
 from nbdist.names import member_by_name
 
 __all__ = ["ReduceOp"]
@@ -34,7 +35,7 @@ class ReduceOp(enum.Enum):
         if member is not None:
             return member
         names = ", ".join(repr(op.value) for op in cls)
-        raise ValueError(
+        raise InvalidArgumentError(
             f"Unknown reduce op {value!r}; use nbdist.ReduceOp or one of its names: {names}."
         )
 

@@ -14,6 +14,7 @@ import torch
 
 from nbdist import context
 from nbdist.cross_device_ops import resolve_destinations
+from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
 from nbdist.placement import WorkerCommunication
 from nbdist.reduce import ReduceOp
 from nbdist.values import DistributedValues, Mirrored, regroup, select_replica
@@ -41,13 +42,13 @@ def _components(value: Any) -> tuple[list[torch.Tensor], bool]:
 def _check_axis(axis: int, tensors: list[torch.Tensor], what: str) -> int:
     rank = tensors[0].dim()
     if rank == 0:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"Cannot {what} along axis {axis}: the per-replica values are scalars (rank 0). "
             "Use axis=None, or give each replica a value with a batch dimension "
             "(e.g. tensor.reshape(1))."
         )
     if not -rank <= axis < rank:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"axis {axis} is out of range for per-replica values of rank {rank} (shape "
             f"{tuple(tensors[0].shape)}); use an axis in [0, {rank})."
         )
@@ -68,7 +69,7 @@ def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: 
     if axis is None:
         if not distributed:
             if op is ReduceOp.SUM and n > 1:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"Cannot SUM a plain (non-distributed) value over {n} replicas with "
                     "axis=None: it is not a per-replica value, so TensorFlow and nbdist refuse "
                     "to guess. Pass the PerReplica value returned by strategy.run, or use MEAN."
@@ -78,7 +79,7 @@ def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: 
         if len(set(shapes)) > 1:
             ids = getattr(value, "replica_ids", range(len(shapes)))
             listed = ", ".join(f"replica {i}: {s}" for i, s in zip(ids, shapes))
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"Cannot reduce per-replica values of different shapes with axis=None "
                 f"({listed}). Pass axis=0 to reduce along the batch dimension too (this handles "
                 "partial batches), or make every replica return the same shape."
@@ -98,7 +99,7 @@ def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: 
         return along
     rest = {tuple(t.shape[:dim] + t.shape[dim + 1 :]) for t in tensors}
     if len(rest) > 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"Cannot reduce along axis {axis}: the other dimensions differ between replicas "
             f"({sorted(rest)}). Every replica must return the same shape apart from axis {axis}."
         )
@@ -155,7 +156,7 @@ def _mean(total: torch.Tensor, count: int) -> torch.Tensor:
 def gather_value(strategy: WorkerCommunication, value: Any, axis: int) -> torch.Tensor:
     """`Strategy.gather` for one leaf (across workers too, lengths along `axis` may differ)."""
     if not isinstance(axis, int):
-        raise TypeError(f"gather needs an int axis, got {axis!r}.")
+        raise ArgumentTypeError(f"gather needs an int axis, got {axis!r}.")
     placement = strategy.placement
     if not isinstance(value, DistributedValues) and placement.num_workers == 1:
         # As TensorFlow's MirroredStrategy: a value that is not distributed comes back as it is
@@ -167,7 +168,7 @@ def gather_value(strategy: WorkerCommunication, value: Any, axis: int) -> torch.
     rest = {tuple(t.shape[:dim] + t.shape[dim + 1 :]) for t in tensors}
     if len(rest) > 1:
         shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
-        raise ValueError(
+        raise InvalidArgumentError(
             f"Cannot gather along axis {axis}: the replicas' shapes ({shapes}) differ in "
             f"another dimension. Only axis {axis} may differ."
         )
@@ -179,7 +180,7 @@ def gather_value(strategy: WorkerCommunication, value: Any, axis: int) -> torch.
 
 def _require_cross_replica(what: str) -> None:
     if context.current_replica_context() is not None:
-        raise RuntimeError(
+        raise ContextError(
             f"{what} must be called in cross-replica context, but it was called inside "
             "strategy.run. Call it from a function given to "
             "nbdist.get_replica_context().merge_call, or use ReplicaContext.all_reduce."

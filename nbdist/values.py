@@ -15,6 +15,7 @@ import torch
 
 from nbdist._private_api import pytree
 from nbdist.context import current_replica_context
+from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["DistributedValues", "Mirrored", "PerReplica", "regroup", "select_replica"]
 
@@ -40,10 +41,14 @@ class DistributedValues:
         self._values = tuple(values)
         self._devices = tuple(devices) if devices is not None else None
         if not self._values:
-            raise ValueError(f"{type(self).__name__} needs at least one component, got none.")
+            raise InvalidArgumentError(
+                f"{type(self).__name__} needs at least one component, got none."
+            )
         ids = tuple(range(len(self._values))) if replica_ids is None else tuple(replica_ids)
         if len(ids) != len(self._values):
-            raise ValueError(f"{len(ids)} replica ids for {len(self._values)} components.")
+            raise InvalidArgumentError(
+                f"{len(ids)} replica ids for {len(self._values)} components."
+            )
         self._replica_ids = ids
 
     @property
@@ -103,32 +108,32 @@ class PerReplica(DistributedValues):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
-        raise TypeError(_NOT_A_TENSOR.format(what=f"torch function {name!r}"))
+        raise ArgumentTypeError(_NOT_A_TENSOR.format(what=f"torch function {name!r}"))
 
     def __bool__(self) -> bool:
-        raise TypeError(_NOT_A_TENSOR.format(what="a truth test"))
+        raise ArgumentTypeError(_NOT_A_TENSOR.format(what="a truth test"))
 
     def __array__(self, *args, **kwargs):
-        raise TypeError(_NOT_A_TENSOR.format(what="numpy"))
+        raise ArgumentTypeError(_NOT_A_TENSOR.format(what="numpy"))
 
     def __float__(self) -> float:
-        raise TypeError(_NOT_A_TENSOR.format(what="float()"))
+        raise ArgumentTypeError(_NOT_A_TENSOR.format(what="float()"))
 
     def __int__(self) -> int:
-        raise TypeError(_NOT_A_TENSOR.format(what="int()"))
+        raise ArgumentTypeError(_NOT_A_TENSOR.format(what="int()"))
 
     def __index__(self) -> int:
-        raise TypeError(_NOT_A_TENSOR.format(what="indexing"))
+        raise ArgumentTypeError(_NOT_A_TENSOR.format(what="indexing"))
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_") and hasattr(torch.Tensor, name):
-            raise TypeError(_NOT_A_TENSOR.format(what=f"the tensor method {name!r}"))
+            raise ArgumentTypeError(_NOT_A_TENSOR.format(what=f"the tensor method {name!r}"))
         raise AttributeError(f"'PerReplica' object has no attribute {name!r}")
 
 
 def _refuse(symbol: str) -> Callable[..., Any]:
     def refuse(self, *args):
-        raise TypeError(_NOT_A_TENSOR.format(what=f"the operator {symbol!r}"))
+        raise ArgumentTypeError(_NOT_A_TENSOR.format(what=f"the operator {symbol!r}"))
 
     return refuse
 
@@ -268,7 +273,7 @@ def regroup(
     for index, result in enumerate(per_replica[1:], start=1):
         flat, spec = pytree.tree_flatten(result, is_leaf=is_leaf)
         if spec != spec0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "Replicas returned differently structured results: replica 0 returned "
                 f"{_describe(per_replica[0])} but replica {index} returned {_describe(result)}. "
                 "Make the function given to strategy.run return the same structure on every "

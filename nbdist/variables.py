@@ -19,6 +19,7 @@ import torch
 from nbdist import context
 from nbdist._private_api import pytree
 from nbdist.devices import physical_device
+from nbdist.errors import InvalidArgumentError
 from nbdist.names import member_by_name
 from nbdist.reduce import ReduceOp
 from nbdist.values import DistributedValues, PerReplica
@@ -57,7 +58,7 @@ def _enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
     member = member_by_name(cls, value)
     if member is not None:
         return member
-    raise ValueError(f"Unknown {what} {value!r}; choose one of {[m.name for m in cls]}.")
+    raise InvalidArgumentError(f"Unknown {what} {value!r}; choose one of {[m.name for m in cls]}.")
 
 
 _colocate_devices: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
@@ -70,7 +71,7 @@ def colocated_with(variable: Any) -> Iterator[None]:
     """Variables created inside land on the devices of `variable` (`colocate_vars_with`)."""
     devices = getattr(variable, "devices", None)
     if not devices:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"colocate_vars_with needs a variable created in strategy.scope(), got {variable!r}."
         )
     token = _colocate_devices.set(tuple(devices))
@@ -329,7 +330,7 @@ def _device_name(device: torch.device) -> str:
 
 def _apply(target: torch.Tensor, value: Any, method: str) -> None:
     if isinstance(value, PerReplica):
-        raise ValueError(
+        raise InvalidArgumentError(
             "Cannot write a PerReplica value to one variable component. Reduce it first "
             "(strategy.reduce or extended.reduce_to)."
         )
@@ -340,7 +341,7 @@ def _apply(target: torch.Tensor, value: Any, method: str) -> None:
         else False
     )
     if not compatible:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"Cannot {method} a value of shape {tuple(source.shape)} to a variable of shape "
             f"{tuple(target.shape)}: assign needs equal shapes (as in TensorFlow) and "
             "assign_add/assign_sub a delta that broadcasts to the variable's shape. Reshape the "
@@ -456,7 +457,7 @@ class MirroredVariable(DistributedVariable):
     def _write(self, value: Any, method: str) -> Variable:
         if context.current_replica_context() is None:
             if isinstance(value, PerReplica):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"Cannot {method} a PerReplica value to MirroredVariable {self._name!r} in "
                     "cross-replica context: its copies would diverge. Reduce the value first "
                     "(strategy.reduce or extended.reduce_to) or assign inside strategy.run with "
@@ -468,7 +469,7 @@ class MirroredVariable(DistributedVariable):
                 component._write(value, method)
             return self
         if self._aggregation is VariableAggregation.NONE:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"MirroredVariable {self._name!r} has aggregation NONE, so a {method} inside "
                 "strategy.run would make its copies diverge. Create it with an aggregation, e.g. "
                 "nd.Variable(..., aggregation=nd.VariableAggregation.MEAN), or write it in "
@@ -527,7 +528,7 @@ class SyncOnReadVariable(DistributedVariable):
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             return strategy.extended.broadcast_from_first(self.primary._read())
         if aggregation is VariableAggregation.NONE:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"SyncOnReadVariable {self._name!r} has aggregation NONE, so it has no "
                 "cross-replica value. Read it inside strategy.run, or create it with "
                 "aggregation SUM, MEAN or ONLY_FIRST_REPLICA."
@@ -546,14 +547,14 @@ class SyncOnReadVariable(DistributedVariable):
             component._write(value, method)
             return self
         if isinstance(value, PerReplica):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"Cannot {method} a PerReplica value to SyncOnReadVariable {self._name!r} in "
                 "cross-replica context; assign inside strategy.run to write each replica's "
                 "component."
             )
         if self._aggregation is VariableAggregation.SUM:
             if method != "assign":
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"SyncOnReadVariable {self._name!r} with aggregation SUM does not support "
                     f"{method} in cross-replica context (as in TensorFlow): the increment would "
                     "be counted once per replica. Use assign, or do it inside strategy.run."
@@ -624,7 +625,7 @@ def create_distributed_variable(
     agg = _enum(VariableAggregation, aggregation, "aggregation")
     name = name or "Variable"
     if sync is VariableSynchronization.NONE:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"Variable {name!r} was created with synchronization=NONE inside the scope of "
             f"{type(strategy).__name__}, which keeps a copy per replica and must keep them in "
             "sync. Use AUTO, ON_WRITE or ON_READ, or create the variable outside the scope."

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbdist.communication import CommunicationImplementation
+from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = [
     "BACKENDS",
@@ -162,18 +163,20 @@ def parse_hosts(hosts: str | Sequence[str] | dict[str, int]) -> tuple[tuple[str,
         host = host.strip()
         count_text = count_text.strip()
         if not host or not count_text.isdecimal() or int(count_text) < 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"hosts entry {item!r} is not HOST or HOST:COUNT with COUNT >= 1. "
                 "Write e.g. hosts='node1:2,node2:2'."
             )
         if any(host == seen for seen, _ in parsed):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"host {host!r} is listed twice in hosts={hosts!r}; give it once with the "
                 "total count, e.g. 'node1:4'."
             )
         parsed.append((host, int(count_text)))
     if not parsed:
-        raise ValueError(f"hosts={hosts!r} names no host; write e.g. hosts='node1:2,node2:2'.")
+        raise InvalidArgumentError(
+            f"hosts={hosts!r} names no host; write e.g. hosts='node1:2,node2:2'."
+        )
     return tuple(parsed)
 
 
@@ -181,16 +184,18 @@ def _check_n(n: Any) -> int | None:
     if n is None:
         return None
     if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be a whole number of engines, got {n!r}; pass e.g. n=2.")
+        raise ArgumentTypeError(f"n must be a whole number of engines, got {n!r}; pass e.g. n=2.")
     if n < 1:
-        raise ValueError(f"n must be at least 1 engine, got n={n}; pass e.g. n=2.")
+        raise InvalidArgumentError(f"n must be at least 1 engine, got n={n}; pass e.g. n=2.")
     return n
 
 
 def _choose(name: str, value: Any, valid: Sequence[str]) -> str:
     text = value.strip().lower() if isinstance(value, str) else None
     if text not in valid:
-        raise ValueError(f"Unknown {name} {value!r}; choose one of {', '.join(map(repr, valid))}.")
+        raise InvalidArgumentError(
+            f"Unknown {name} {value!r}; choose one of {', '.join(map(repr, valid))}."
+        )
     return text
 
 
@@ -204,7 +209,7 @@ def _gpu_indices(gpus: Any) -> list[int] | str | None:
             return text
         items: list[Any] = [item.strip() for item in text.split(",") if item.strip()]
     elif isinstance(gpus, (int, float)):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"gpus={gpus!r} is ambiguous: pass gpus='all', a list of GPU indices such as "
             "gpus=[0, 1], or n=2 for two engines."
         )
@@ -212,7 +217,7 @@ def _gpu_indices(gpus: Any) -> list[int] | str | None:
         try:
             items = list(gpus)
         except TypeError:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"gpus must be 'all', 'none', a list of GPU indices or '0,1', got {gpus!r}."
             ) from None
     if not items:
@@ -222,13 +227,13 @@ def _gpu_indices(gpus: Any) -> list[int] | str | None:
         if isinstance(item, bool) or not (
             isinstance(item, int) or (isinstance(item, str) and item.isdecimal())
         ):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"gpus={gpus!r}: {item!r} is not a GPU index. Write gpus='all', gpus=[0, 1] "
                 "or gpus='0,1'."
             )
         indices.append(int(item))
     if len(set(indices)) != len(indices):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"gpus={gpus!r} lists a GPU twice; each engine needs its own GPU. Give each index once."
         )
     return indices
@@ -262,16 +267,20 @@ def make_plan(
         >>> make_plan(n=0)
         Traceback (most recent call last):
         ...
-        ValueError: n must be at least 1 engine, got n=0; pass e.g. n=2.
+        nbdist.errors.InvalidArgumentError: n must be at least 1 engine, got n=0; pass e.g. n=2.
     """
     n = _check_n(n)
     launcher = _choose("launcher", launcher, LAUNCHERS)
     backend = _choose("backend", backend, tuple(BACKENDS))
     strategy = _choose("strategy", strategy, STRATEGIES)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+        raise InvalidArgumentError(
+            f"timeout must be a positive number of seconds, got {timeout!r}."
+        )
     if not math.isfinite(timeout):
-        raise ValueError(f"timeout must be finite, got {timeout!r}; pass e.g. timeout=120.")
+        raise InvalidArgumentError(
+            f"timeout must be finite, got {timeout!r}; pass e.g. timeout=120."
+        )
     if strategy == "parameter_server":
         raise NotImplementedError(
             "strategy='parameter_server' is not available on engines yet. Use "
@@ -279,12 +288,12 @@ def make_plan(
         )
     parsed_hosts = parse_hosts(hosts) if hosts is not None else None
     if parsed_hosts is not None and launcher == "local":
-        raise ValueError(
+        raise InvalidArgumentError(
             f"hosts={hosts!r} needs a launcher that reaches other machines; pass "
             "launcher='ssh' (or 'mpi', 'slurm'), or leave hosts out for engines on this machine."
         )
     if launcher == "ssh" and parsed_hosts is None:
-        raise ValueError(
+        raise InvalidArgumentError(
             "launcher='ssh' starts engines on other machines and needs hosts, e.g. "
             "hosts='node1:2,node2:2' (HOST:ENGINES). For engines on this machine use "
             "launcher='local'."
@@ -296,7 +305,7 @@ def make_plan(
         # srun places the engines on the allocation's nodes: their GPUs are not this machine's.
         count = n if n is not None else DEFAULT_CPU_ENGINES
         if isinstance(wanted, list):
-            raise ValueError(_NO_GPU_LIST.format(gpus=gpus, launcher=launcher))
+            raise InvalidArgumentError(_NO_GPU_LIST.format(gpus=gpus, launcher=launcher))
         mode = "none" if wanted == "none" else "local_rank"
         return _finish(
             count, None, None, launcher, backend, strategy, timeout, mode, gpus, wanted == "all"
@@ -308,18 +317,18 @@ def make_plan(
         count = n if n is not None else DEFAULT_CPU_ENGINES
     elif wanted in ("all", None):
         if not available:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "gpus='all' asks for one engine per GPU, but no CUDA GPU is visible here "
                 "(torch.cuda.device_count() is 0). Start CPU engines instead: Cluster(n=2) "
                 "(or gpus='none'), or check CUDA_VISIBLE_DEVICES and the driver."
             )
         if wanted == "all" and n is not None and n != len(available):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"n={n} but gpus='all' means one engine per GPU, and there are "
                 f"{len(available)}. Leave n out, or pick GPUs with gpus=[...]."
             )
         if n is not None and n > len(available):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"n={n} engines but only {len(available)} GPU(s) are visible, and each GPU "
                 "engine needs its own GPU. Pass n <= "
                 f"{len(available)}, or gpus='none' for CPU engines."
@@ -331,12 +340,12 @@ def make_plan(
         missing = [i for i in wanted if i >= len(available)]
         if missing:
             have = f"GPUs 0..{len(available) - 1}" if available else "no CUDA GPU"
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"gpus={gpus!r} asks for GPU(s) {missing}, but this machine has {have}. "
                 "Pick existing GPUs, or gpus='none' / Cluster(n=2) for CPU engines."
             )
         if n is not None and n != len(wanted):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"n={n} disagrees with gpus={gpus!r} ({len(wanted)} GPU(s)); one engine runs "
                 "per GPU. Leave n out."
             )
@@ -370,12 +379,12 @@ def _remote_plan(
     total = sum(count for _, count in hosts)
     if n is not None and n != total:
         spelled = ",".join(f"{host}:{count}" for host, count in hosts)
-        raise ValueError(
+        raise InvalidArgumentError(
             f"n={n} disagrees with hosts={spelled!r}, which asks for {total} engine(s). Leave "
             "n out (the hosts' counts decide), or change the counts."
         )
     if isinstance(wanted, list):
-        raise ValueError(_NO_GPU_LIST.format(gpus=gpus, launcher=launcher))
+        raise InvalidArgumentError(_NO_GPU_LIST.format(gpus=gpus, launcher=launcher))
     mode = "none" if wanted == "none" else "local_rank"
     return _finish(
         total, None, hosts, launcher, backend, strategy, timeout, mode, gpus, wanted == "all"
@@ -396,7 +405,7 @@ def _finish(
 ) -> LaunchPlan:
     if BACKENDS[backend] is CommunicationImplementation.NCCL and mode == "none":
         where = "gpus='none' asks for CPU engines" if gpus is not None else "no GPU is visible"
-        raise ValueError(
+        raise InvalidArgumentError(
             f"backend='nccl' needs GPU engines, but these engines run on CPUs ({where}). Use "
             "backend='gloo' or 'auto' (gloo on CPUs, NCCL on GPUs)."
         )

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from nbdist._private_api import pytree
 from nbdist.cluster import _wire
 from nbdist.cluster.errors import RemoteNameError
+from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
 from nbdist.placement import Placement, SingleWorker
 from nbdist.reduce import ReduceOp
 from nbdist.strategies.base import check_run_options
@@ -53,7 +54,7 @@ class RemoteRef:
     def __post_init__(self) -> None:
         parts = self.name.split(".") if isinstance(self.name, str) else []
         if not parts or not all(part.isidentifier() for part in parts):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"nd.remote needs a variable name such as 'model' or 'model.fc', got {self.name!r}."
             )
 
@@ -168,7 +169,7 @@ class EngineStrategy:
             EngineTimeoutError: (a `TimeoutError`) the engines did not finish in time.
         """
         if not callable(fn):
-            raise TypeError(f"strategy.run needs a function to call, got {fn!r}.")
+            raise ArgumentTypeError(f"strategy.run needs a function to call, got {fn!r}.")
         check_run_options(options)
         kwargs = dict(kwargs or {})
         n = self.num_replicas_in_sync
@@ -214,9 +215,9 @@ class EngineStrategy:
             RemoteError, SerializationError, EngineTimeoutError: as `run`.
         """
         if not callable(fn):
-            raise TypeError(f"run_steps needs a function to call, got {fn!r}.")
+            raise ArgumentTypeError(f"run_steps needs a function to call, got {fn!r}.")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a whole number >= 1, got {steps!r}.")
+            raise InvalidArgumentError(f"steps must be a whole number >= 1, got {steps!r}.")
         ref = iterator if isinstance(iterator, RemoteRef) else RemoteRef(iterator)
         payload = _encode_call(fn, (ref,), {})
         replies = self._cluster._call(
@@ -231,7 +232,9 @@ class EngineStrategy:
     def _timeout(self, timeout: float | None) -> float | None:
         chosen = self.timeout if timeout is None else timeout
         if chosen is not None and not chosen > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {chosen!r}.")
+            raise InvalidArgumentError(
+                f"timeout must be a positive number of seconds, got {chosen!r}."
+            )
         return chosen
 
     # -- cross-replica, in the notebook ---------------------------------------------------
@@ -252,7 +255,7 @@ class EngineStrategy:
 
         op = ReduceOp.from_value(reduce_op)
         if axis is not None and not isinstance(axis, int):
-            raise TypeError(f"axis must be an int or None, got {axis!r}.")
+            raise ArgumentTypeError(f"axis must be an int or None, got {axis!r}.")
         replicas = self._client_workers()
         return pytree.tree_map(
             lambda leaf: reduction.reduce_value(replicas, op, leaf, axis),
@@ -283,7 +286,7 @@ class EngineStrategy:
 
     def scope(self) -> Any:
         """Not available in the notebook: models and optimizers live on the engines."""
-        raise RuntimeError(
+        raise ContextError(
             "cluster.strategy is the notebook's handle on the engines and has no scope(): "
             "models and optimizers live on the engines. Create them there inside "
             "`with strategy.scope():` (in a %%distribute cell, or in a function given to "
@@ -315,7 +318,7 @@ def _scatter(structure: Any, index: int, n: int) -> Any:
         if not _is_distributed(value):
             return value
         if len(value.values) != n:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"A {type(value).__name__} with {len(value.values)} component(s) was passed to "
                 f"the engines, but there are {n} replicas (one per engine). Give one component "
                 "per engine, in replica order."

@@ -16,6 +16,7 @@ from nbdist import context
 from nbdist._private_api import pytree
 from nbdist.communication import CommunicationOptions
 from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice, resolve_destinations
+from nbdist.errors import ArgumentTypeError, ContextError
 from nbdist.placement import Placement
 from nbdist.reduce import ReduceOp
 from nbdist.telemetry import Telemetry, now
@@ -130,7 +131,7 @@ class Strategy:
             else a `PerReplica`.
         """
         if not callable(fn):
-            raise TypeError(f"strategy.run needs a function to call, got {fn!r}.")
+            raise ArgumentTypeError(f"strategy.run needs a function to call, got {fn!r}.")
         active = context.current_scope_strategy()
         if active is not None and active is not self:
             raise context.StrategyMixingError(
@@ -139,7 +140,7 @@ class Strategy:
                 "scope is active, or leave that scope first."
             )
         if context.current_replica_context() is not None and self._is_multi_replica:
-            raise RuntimeError(
+            raise ContextError(
                 "strategy.run was called inside strategy.run. Call collectives "
                 "(nbdist.get_replica_context().all_reduce/merge_call) inside the replica "
                 "function instead of nesting run."
@@ -182,7 +183,7 @@ class Strategy:
         """
         op = ReduceOp.from_value(reduce_op)
         if axis is not None and not isinstance(axis, int):
-            raise TypeError(f"axis must be an int or None, got {axis!r}.")
+            raise ArgumentTypeError(f"axis must be an int or None, got {axis!r}.")
         from nbdist import reduction
 
         return pytree.tree_map(
@@ -572,7 +573,7 @@ class ReplicaContext:
         Context: replica. Hangs if: not every replica calls it (fails after the timeout).
         """
         if not callable(merge_fn):
-            raise TypeError(f"merge_call needs a function, got {merge_fn!r}.")
+            raise ArgumentTypeError(f"merge_call needs a function, got {merge_fn!r}.")
         return self._strategy._replica_merge_call(self, merge_fn, tuple(args), dict(kwargs or {}))
 
     def __repr__(self) -> str:

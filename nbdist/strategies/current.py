@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from nbdist import context
+from nbdist.errors import ArgumentTypeError
 from nbdist.reduce import ReduceOp
 from nbdist.strategies.base import ReplicaContext, Strategy
 from nbdist.strategies.one_device import DefaultStrategy
@@ -123,7 +124,9 @@ def experimental_set_strategy(strategy: Strategy | None) -> None:
         >>> nd.experimental_set_strategy(None)
     """
     if strategy is not None and not isinstance(strategy, Strategy):
-        raise TypeError(f"experimental_set_strategy takes a Strategy or None, got {strategy!r}.")
+        raise ArgumentTypeError(
+            f"experimental_set_strategy takes a Strategy or None, got {strategy!r}."
+        )
     context.set_strategy(strategy)
 
 

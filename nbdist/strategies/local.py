@@ -23,7 +23,12 @@ from nbdist.collectives.local import LocalGroup
 from nbdist.communication import CommunicationOptions
 from nbdist.cross_device_ops import CrossDeviceOps, NcclAllReduce
 from nbdist.devices import physical_device
-from nbdist.errors import CollectiveMismatchError, ReplicaReleasedError
+from nbdist.errors import (
+    CollectiveMismatchError,
+    ContextError,
+    InvalidArgumentError,
+    ReplicaReleasedError,
+)
 from nbdist.reduce import ReduceOp
 from nbdist.strategies._replicas import ReplicaParameters
 from nbdist.strategies.base import ReplicaContext, Strategy
@@ -266,7 +271,7 @@ class LocalStrategy(Strategy):
         ]
         for tensor in tensors:
             if tensor.dim() == 0 or not -tensor.dim() <= axis < tensor.dim():
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"all_gather along axis {axis} needs values of rank > {axis}, got shape "
                     f"{tuple(tensor.shape)}. Reshape scalars with tensor.reshape(1)."
                 )
@@ -338,7 +343,7 @@ class LocalStrategy(Strategy):
                 dtype, (colocation_devices() or self._parameter_devices)[0],
             )  # fmt: skip
         if context.current_replica_context() is not None:
-            raise RuntimeError(
+            raise ContextError(
                 f"Variable {name or 'Variable'!r} was created inside strategy.run. Create "
                 "variables (and modules) in strategy.scope(), outside run, so every replica "
                 "shares them."

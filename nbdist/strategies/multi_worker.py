@@ -26,7 +26,12 @@ from nbdist.collectives.torch_dist import DistGroup
 from nbdist.communication import CommunicationImplementation, CommunicationOptions
 from nbdist.cross_device_ops import CrossDeviceOps
 from nbdist.devices import physical_device
-from nbdist.errors import ClusterConfigError, CollectiveMismatchError
+from nbdist.errors import (
+    ArgumentTypeError,
+    ClusterConfigError,
+    CollectiveMismatchError,
+    InvalidArgumentError,
+)
 from nbdist.reduce import ReduceOp
 from nbdist.strategies._grad_buckets import GradientBuckets
 from nbdist.strategies.base import ReplicaContext, Strategy
@@ -148,7 +153,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         if communication_options is None:
             communication_options = CommunicationOptions()
         if not isinstance(communication_options, CommunicationOptions):
-            raise TypeError(
+            raise ArgumentTypeError(
                 "communication_options must be nbdist.experimental.CommunicationOptions, got "
                 f"{communication_options!r}."
             )
@@ -303,7 +308,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         for leaf in leaves:
             tensor = leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf)
             if tensor.dim() == 0 or not -tensor.dim() <= axis < tensor.dim():
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"all_gather along axis {axis} needs values of rank > {axis}, got shape "
                     f"{tuple(tensor.shape)}. Reshape scalars with tensor.reshape(1)."
                 )
@@ -453,7 +458,7 @@ def _backend(implementation: CommunicationImplementation, device: str) -> str:
     on_gpu = device.startswith("cuda")
     if implementation is CommunicationImplementation.NCCL:
         if not on_gpu:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "CommunicationImplementation.NCCL needs a CUDA GPU on every worker, but this "
                 "machine has none. Use CommunicationImplementation.RING (gloo) or AUTO."
             )
