@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from nbdist.errors import ArgumentTypeError
+
 __all__ = ["MetricLog", "log", "metric_log", "progress", "set_home_replica"]
 
 _CAPACITY = 100_000
@@ -102,12 +104,12 @@ def _current_replica() -> int:
 
 def _scalar(name: Any, value: Any) -> float:
     if not isinstance(name, str):
-        raise TypeError(f"nd.log needs string metric names; got {name!r}.")
+        raise ArgumentTypeError(f"nd.log needs string metric names; got {name!r}.")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         numel = getattr(value, "numel", None)
         if callable(numel) and getattr(value, "dim", lambda: 1)() == 0:
             return float(value.item())
-        raise TypeError(
+        raise ArgumentTypeError(
             f"nd.log: metric {name!r} must be a Python number or a 0-d tensor, got "
             f"{type(value).__name__} {value!r:.80}. Log one number per name, e.g. "
             f"nd.log({name}=loss.item())."
@@ -130,7 +132,7 @@ def log(step: int | None = None, **scalars: Any) -> None:
         >>> nd.log(step=0, accuracy=0.25)
     """
     if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
-        raise TypeError(f"nd.log: step must be an int or None, got {step!r}.")
+        raise ArgumentTypeError(f"nd.log: step must be an int or None, got {step!r}.")
     values = {name: _scalar(name, value) for name, value in scalars.items()}
     if values:
         _LOG.add(_current_replica(), None if step is None else int(step), values)
