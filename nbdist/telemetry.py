@@ -111,11 +111,15 @@ class Telemetry:
 
     def _make_room(self) -> None:
         if len(self._log) == self._capacity:
-            record = _as_record(self._log[0])
-            aggregate = self.aggregates.get(record.op)
+            # Read the raw tuple (no CollectiveRecord built): this runs on every record once
+            # the log is full, inside the collective's hot path.
+            entry = self._log[0]
+            op = entry[0]
+            duration = entry[5] if len(entry) == 7 else entry[5] - min(entry[4])
+            aggregate = self.aggregates.get(op)
             if aggregate is None:
-                aggregate = self.aggregates[record.op] = OpAggregate()
-            aggregate.add(record.nbytes, record.duration)
+                aggregate = self.aggregates[op] = OpAggregate()
+            aggregate.add(entry[1], duration)
 
     def record(
         self,
