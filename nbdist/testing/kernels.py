@@ -1,0 +1,230 @@
+"""Run a notebook, or a list of cells, in a real Jupyter kernel (nbclient) and get it back.
+
+Tests of notebooks, of ```ipython doc examples and of the magics need a real kernel: a fresh
+process running ipykernel, not an in-process shell. `run_notebook` and `run_cells` start one
+with the interpreter that runs the tests (`sys.executable`, through a private kernelspec, so a
+`python` found on PATH never answers), give it this checkout's `nbdist` first on `PYTHONPATH`,
+run every cell with a per-cell timeout, and always shut the kernel down. A failing or
+timed-out cell raises `NotebookFailed`, whose message names the cell and shows its source and
+everything it printed. Importing this module starts nothing.
+
+Example:
+    >>> from nbdist.testing.kernels import cell_text, run_cells
+    >>> nb = run_cells(["x = 6 * 7", "print(x)"], timeout=60)  # doctest: +SKIP
+    >>> cell_text(nb.cells[1])  # doctest: +SKIP
+    '42\\n'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "CELL_TIMEOUT_S",
+    "NotebookFailed",
+    "cell_text",
+    "find_cell",
+    "run_cells",
+    "run_notebook",
+]
+
+CELL_TIMEOUT_S = 180
+"""Default seconds one cell may run before the kernel is interrupted and the run fails."""
+
+_KERNEL_NAME = "nbdist-test-python"
+_STARTUP_TIMEOUT_S = 120
+_SOURCE_ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # the folder holding nbdist/
+
+
+class NotebookFailed(AssertionError):
+    """A cell raised or ran past its timeout; the message shows that cell and its output."""
+
+    def __init__(self, message: str, notebook: Any, index: int | None) -> None:
+        super().__init__(message)
+        self.notebook = notebook
+        self.index = index
+
+
+def cell_text(cell: Any) -> str:
+    """All a code cell printed or showed as text: streams, `text/plain` results, errors.
+
+    Example:
+        >>> import nbformat
+        >>> cell = nbformat.v4.new_code_cell("1")
+        >>> cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="hi\\n")]
+        >>> cell_text(cell)
+        'hi\\n'
+    """
+    parts = []
+    for output in cell.get("outputs", []):
+        kind = output.get("output_type")
+        if kind == "stream":
+            parts.append(output.get("text", ""))
+        elif kind in ("execute_result", "display_data"):
+            text = output.get("data", {}).get("text/plain")
+            if text:
+                parts.append(text if text.endswith("\n") else text + "\n")
+        elif kind == "error":
+            parts.append(f"{output.get('ename')}: {output.get('evalue')}\n")
+    return "".join(parts)
+
+
+def find_cell(notebook: Any, marker: str) -> Any:
+    """The first code cell whose source contains `marker` (a test's way to name a cell).
+
+    Raises:
+        KeyError: No code cell contains it (the notebook changed; update the test).
+
+    Example:
+        >>> import nbformat
+        >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("a = 1")])
+        >>> find_cell(nb, "a =").source
+        'a = 1'
+    """
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and marker in cell.source:
+            return cell
+    raise KeyError(f"no code cell contains {marker!r}; the notebook changed, update the test")
+
+
+def run_cells(
+    sources: Sequence[str],
+    *,
+    timeout: float = CELL_TIMEOUT_S,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    allow_errors: bool = False,
+) -> Any:
+    """Run `sources` as the code cells of a new notebook in a real kernel; return it executed.
+
+    Args:
+        sources: Cell sources, run in order in one kernel.
+        timeout: Seconds each cell may run.
+        cwd: The kernel's working folder (default: the current one).
+        env: Extra environment variables for the kernel.
+        allow_errors: Keep going after a failing cell instead of raising `NotebookFailed`.
+
+    Example:
+        >>> nb = run_cells(["print(1 + 1)"])  # doctest: +SKIP
+    """
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(source) for source in sources]
+    )
+    return _execute(notebook, "<cells>", timeout, cwd, env, allow_errors)
+
+
+def run_notebook(
+    path: str | os.PathLike[str],
+    *,
+    timeout: float = CELL_TIMEOUT_S,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    allow_errors: bool = False,
+) -> Any:
+    """Run the notebook at `path` end to end in a real kernel; return it executed (not saved).
+
+    The kernel starts in `cwd`, by default the notebook's own folder (so relative paths in the
+    notebook mean what they mean when a user opens it).
+
+    Example:
+        >>> nb = run_notebook("notebooks/01-quickstart.ipynb")  # doctest: +SKIP
+    """
+    import nbformat
+
+    path = pathlib.Path(path)
+    notebook = nbformat.read(path, as_version=4)
+    folder = cwd if cwd is not None else path.resolve().parent
+    return _execute(notebook, str(path), timeout, folder, env, allow_errors)
+
+
+@contextlib.contextmanager
+def _kernel_manager() -> Iterator[Any]:
+    """A KernelManager for this interpreter's ipykernel, found through a private kernelspec."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    with tempfile.TemporaryDirectory(prefix="nbdist-kernelspec-") as root:
+        spec = pathlib.Path(root) / _KERNEL_NAME
+        spec.mkdir()
+        kernel = {
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "nbdist (tests)",
+            "language": "python",
+        }
+        (spec / "kernel.json").write_text(json.dumps(kernel))
+        specs = KernelSpecManager(kernel_dirs=[root])
+        yield KernelManager(kernel_name=_KERNEL_NAME, kernel_spec_manager=specs)
+
+
+def _kernel_env(extra: Mapping[str, str] | None, ipython_dir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [_SOURCE_ROOT, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["IPYTHONDIR"] = ipython_dir  # no shared history database between parallel kernels
+    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    env.pop("MPLBACKEND", None)  # the kernel's inline backend draws figures as outputs
+    env.update(extra or {})
+    return env
+
+
+def _execute(notebook, name, timeout, cwd, env, allow_errors):
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    folder = str(cwd if cwd is not None else pathlib.Path.cwd())
+    with _kernel_manager() as km, tempfile.TemporaryDirectory(prefix="nbdist-ipython-") as ipy:
+        client = NotebookClient(
+            notebook,
+            km=km,
+            timeout=timeout,
+            startup_timeout=_STARTUP_TIMEOUT_S,
+            interrupt_on_timeout=True,
+            allow_errors=allow_errors,
+            shutdown_kernel="immediate",
+            resources={"metadata": {"path": folder}},
+        )
+        try:
+            client.execute(env=_kernel_env(env, ipy))
+        except (CellExecutionError, CellTimeoutError, DeadKernelError) as error:
+            index = _failing_cell(notebook)
+            raise NotebookFailed(_describe(name, notebook, index, error), notebook, index) from None
+        finally:
+            with contextlib.suppress(Exception):  # execute() shuts it down; make sure
+                if km.has_kernel:
+                    km.shutdown_kernel(now=True)
+    return notebook
+
+
+def _failing_cell(notebook) -> int | None:
+    """The cell with an error output, else the last one that started (a timeout)."""
+    last = None
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
+            return index
+        if cell.get("execution_count") is not None or cell.get("outputs"):
+            last = index
+    return last
+
+
+def _describe(name: str, notebook, index: int | None, error: BaseException) -> str:
+    kind = type(error).__name__
+    if index is None:
+        return f"{name}: {kind} before any cell ran: {error}"
+    cell = notebook.cells[index]
+    output = cell_text(cell).strip() or "(no output)"
+    return (
+        f"{name}: cell {index} failed ({kind}).\n"
+        f"--- source ---\n{cell.source}\n--- output ---\n{output[-6000:]}\n--- error ---\n"
+        f"{str(error)[-4000:]}"
+    )
