@@ -88,6 +88,24 @@ def _changes_context(strategy: Strategy) -> bool:
     return getattr(strategy, "changes_context", True)
 
 
+def set_replica_context(replica_context: ReplicaContext) -> tuple[Any, Any]:
+    """Enter `replica_context` without a `with` block (the hot path of `run`); returns the
+    tokens `reset` needs. Prefer `enter_replica_context` elsewhere."""
+    return _scope_strategy.set(replica_context.strategy), _replica_context.set(replica_context)
+
+
+def set_strategy_context(strategy: Strategy) -> tuple[Any, Any]:
+    """Make `strategy` current in cross-replica context without a `with` block, for a caller
+    that already checked it mixes no strategies (`Strategy.run`); returns `reset`'s tokens."""
+    return _scope_strategy.set(strategy), _replica_context.set(None)
+
+
+def reset(tokens: tuple[Any, Any]) -> None:
+    """Leave what `set_replica_context` or `set_strategy_context` entered."""
+    _replica_context.reset(tokens[1])
+    _scope_strategy.reset(tokens[0])
+
+
 @contextlib.contextmanager
 def enter_replica_context(replica_context: ReplicaContext | None) -> Iterator[None]:
     """Enter a replica's context (or, with None, cross-replica context for a `merge_call`)."""

@@ -419,16 +419,20 @@ class DistGroup:
             flat = torch.empty(n + 1, dtype=dtype, device=self.device)
             agreed.fill(flat, tensors)
             flat[n] = ok
-        data, trailer = flat.narrow(0, 0, n), flat[n]
         self._collective(
             what, lambda async_op: dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op), timeout
         )
-        if trailer.item() != ok:
+        if flat[n].item() != ok:
             return None  # every rank saw "changed": each now runs the full check
+        data = flat[:n]
         if op is ReduceOp.MEAN:
             data = _mean(data, self.world_size)
         if len(tensors) == 1:
-            results = [data.view(shapes[0]).to(tensors[0].device)]
+            shape = shapes[0]
+            result = data if len(shape) == 1 else data.view(shape)
+            if result.device != tensors[0].device:
+                result = result.to(tensors[0].device)
+            results = [result]
         else:
             results = [r.to(t.device) for r, t in zip(agreed.split(data, key), tensors)]
         self._layouts.agreed(key)

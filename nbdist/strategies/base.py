@@ -148,15 +148,14 @@ class Strategy:
         check_run_options(options)
         kwargs = dict(kwargs or {})
         telemetry = self._telemetry
-        if not telemetry.enabled:
-            with context.enter_strategy(self):
-                return self._call_for_each_replica(fn, tuple(args), kwargs)
         start = now()
+        tokens = context.set_strategy_context(self)  # mixing was checked above
         try:
-            with context.enter_strategy(self):
-                return self._call_for_each_replica(fn, tuple(args), kwargs)
+            return self._call_for_each_replica(fn, tuple(args), kwargs)
         finally:
-            telemetry.record_step(tuple(self._local_replica_ids()), start, now() - start)
+            context.reset(tokens)
+            if telemetry.enabled:
+                telemetry.record_step(self._local_replica_ids(), start, now() - start)
 
     # -- cross-replica combination ----------------------------------------------------------
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:

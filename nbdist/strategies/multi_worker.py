@@ -257,12 +257,14 @@ class MultiWorkerMirroredStrategy(Strategy):
         from nbdist.values import select_replica
 
         ctx = ReplicaContext(self, self._worker_index, 0)
-        device_scope = _cuda_scope(self._target) if self._target.type == "cuda" else _NO_SCOPE
         if self._buckets is not None:
             self._buckets.active = True
+        tokens = context.set_replica_context(ctx)
         try:
-            with context.enter_replica_context(ctx), device_scope:
-                return fn(*select_replica(0, args), **select_replica(0, kwargs))
+            if self._target.type == "cuda":
+                with _cuda_scope(self._target):
+                    return fn(*select_replica(0, args), **select_replica(0, kwargs))
+            return fn(*select_replica(0, args), **select_replica(0, kwargs))
         except BaseException as error:
             if self._group is not None and not isinstance(
                 error, (KeyboardInterrupt, CollectiveMismatchError)
@@ -271,6 +273,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             _label(error, self._worker_index, self.num_replicas_in_sync)
             raise
         finally:
+            context.reset(tokens)
             if self._buckets is not None:
                 self._buckets.active = False
 
@@ -435,9 +438,6 @@ def _label(error: BaseException, replica: int, count: int) -> None:
 
     if count > 1:
         label(error, replica, count)
-
-
-_NO_SCOPE = contextlib.nullcontext()
 
 
 @contextlib.contextmanager
