@@ -59,6 +59,15 @@ from nbdist.variables import (
     VariableSynchronization,
 )
 
+
+def dashboard(target=None):
+    """The live dashboard widget (`nbdist.widgets.dashboard.dashboard`); imports ipywidgets
+    and matplotlib only when called."""
+    from nbdist.widgets.dashboard import dashboard as _dashboard
+
+    return _dashboard(target)
+
+
 __version__ = "0.1.0.dev0"  # keep equal to pyproject.toml (engines on other hosts are checked)
 
 __all__ = [
@@ -100,6 +109,7 @@ __all__ = [
     "WorkerLostError",
     "checkpoint",
     "cluster_resolver",
+    "dashboard",
     "experimental",
     "experimental_set_strategy",
     "get_loss_reduction",

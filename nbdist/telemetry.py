@@ -104,6 +104,7 @@ class Telemetry:
         self._log: collections.deque[tuple] = collections.deque(maxlen=capacity)
         self._steps: collections.deque[tuple] = collections.deque(maxlen=capacity)
         self._capacity = capacity
+        self._offset = time.time() - time.perf_counter()  # fixed, so snapshots compare equal
         self.aggregates: dict[str, OpAggregate] = {}
         self.enabled = enabled
         self.version = 0
@@ -181,7 +182,7 @@ class Telemetry:
             >>> sorted(Telemetry().snapshot())
             ['aggregates', 'collectives', 'steps']
         """
-        offset = time.time() - time.perf_counter()
+        offset = self._offset
         collectives = [
             (r.op, r.nbytes, r.implementation, r.replicas, r.start + offset, r.duration, r.waits)
             for r in self.records()

@@ -120,6 +120,7 @@ class DistMagics(Magics):
         self.cluster: Cluster | None = None
         self.auto = False
         self.last_result: Any = None
+        self.board: Any = None  # the dashboard `%dist dashboard` opened last
         _instances.add(self)
 
     # -- %dist --------------------------------------------------------------------------
@@ -190,6 +191,9 @@ class DistMagics(Magics):
             print("No cluster is running (nothing to stop).")
             return
         cluster, self.cluster = self.cluster, None
+        if self.board is not None:
+            self.board.close()
+            self.board = None
         cluster.stop()
         namespace = self.shell.user_ns if self.shell is not None else {}
         if namespace.get(_NAMESPACE_NAME) is cluster:
@@ -227,7 +231,15 @@ class DistMagics(Magics):
             print("Cells run in this notebook again.")
 
     def _dashboard(self, words: list[str]) -> None:
-        print("dashboards come with a later issue")
+        _no_arguments("dashboard", words)
+        from IPython.display import display
+
+        from nbdist.widgets.dashboard import dashboard
+
+        if self.board is not None:
+            self.board.close()  # one live dashboard per notebook: the new one replaces it
+        self.board = dashboard(self.cluster)
+        display(self.board)
 
     def _print_status(self) -> None:
         cluster = self.cluster

@@ -276,9 +276,18 @@ def test_timeout_interrupts_the_engines(dist_shell):
     assert distribute(dist_shell, "base").values == (10, 20)
 
 
-def test_dashboard_placeholder(dist_shell, capsys):
+def test_dist_dashboard_shows_the_engines_and_closes_with_stop(dist_shell, capsys):
+    from nbdist.magics.core import _instances
+
     dist_shell.run_line_magic("dist", "dashboard")
-    assert "dashboards come with a later issue" in capsys.readouterr().out
+    (board,) = [m.board for m in _instances if m.board is not None]
+    try:
+        assert sorted(board.engines.states) == [0, 1]
+        assert "nbdist dashboard" in capsys.readouterr().out
+        with pytest.raises(UsageError, match="takes no arguments"):
+            dist_shell.run_line_magic("dist", "dashboard now")
+    finally:
+        board.close()
 
 
 def test_a_raw_collective_is_released_when_its_peer_fails(dist_shell):

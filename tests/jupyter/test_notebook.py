@@ -72,8 +72,7 @@ CELLS = {  # name -> source, in order
     "load": "%load_ext {extension}",
     "start": "%dist start -n 2",
     "pids": (
-        "from nbdist.magics import current_cluster\n"
-        "print('PIDS', *current_cluster().processes)"
+        "from nbdist.magics import current_cluster\nprint('PIDS', *current_cluster().processes)"
     ),
     "define": "%%distribute\nimport os\nrank = int(os.environ['RANK'])\nprint('rank', rank)",
     "read": "%%distribute\nrank * 10 + strategy.num_replicas_in_sync",

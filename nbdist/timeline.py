@@ -1,0 +1,103 @@
+"""Who waited for whom: the straggler, compute vs communication, and a Chrome trace, computed
+from telemetry records (`Telemetry.snapshot()` tuples). Pure Python; imports nothing from
+Jupyter or matplotlib.
+
+A collective record holds each replica's wait: the last replica to arrive waits 0 and every
+other replica's wait is time spent on it. `blame` charges each wait to the last arrival, so
+the straggler is the replica with the most blame.
+
+Example:
+    >>> records = [("all_reduce:SUM", 8, "local", (0, 1), 0.0, 0.06, (0.05, 0.0))]
+    >>> blame(records)
+    {0: 0.0, 1: 0.05}
+    >>> straggler(records)
+    1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+__all__ = ["blame", "chrome_trace", "step_split", "straggler"]
+
+
+def blame(collectives: Sequence[tuple], window: int | None = None) -> dict[int, float]:
+    """Seconds the other replicas waited for each replica, over the last `window` records."""
+    chosen = collectives if window is None else collectives[-window:]
+    out: dict[int, float] = {}
+    for _, _, _, replicas, _, _, waits in chosen:
+        for replica in replicas:
+            out.setdefault(replica, 0.0)
+        if len(waits) > 1:
+            last = replicas[min(range(len(waits)), key=waits.__getitem__)]
+            out[last] += sum(waits)
+    return out
+
+
+def straggler(collectives: Sequence[tuple], window: int | None = None) -> int | None:
+    """The replica the others waited for most (None when nobody waited)."""
+    totals = blame(collectives, window)
+    if not totals or max(totals.values()) <= 0:
+        return None
+    return max(totals, key=totals.__getitem__)
+
+
+def step_split(steps: Sequence[tuple], collectives: Sequence[tuple]) -> list[tuple]:
+    """Per step `(start, duration, communication_seconds)`: collective time inside the step
+    (counted once per collective), the rest being compute.
+
+    Example:
+        >>> step_split([((0,), 0.0, 1.0)], [("x", 8, "local", (0,), 0.2, 0.3, (0.0,))])
+        [(0.0, 1.0, 0.3)]
+    """
+    ordered = sorted(collectives, key=lambda r: r[4])
+    out = []
+    j = 0
+    for _, start, duration in sorted(steps, key=lambda s: s[1]):
+        end = start + duration
+        while j < len(ordered) and ordered[j][4] < start:
+            j += 1
+        comm = 0.0
+        k = j
+        while k < len(ordered) and ordered[k][4] <= end:
+            comm += min(ordered[k][5], end - ordered[k][4])
+            k += 1
+        out.append((start, duration, min(comm, duration)))
+    return out
+
+
+def chrome_trace(
+    collectives: Sequence[tuple], steps: Sequence[tuple], path: str | os.PathLike
+) -> int:
+    """Write the timeline in the Chrome/Perfetto trace format (one track per replica).
+
+    Returns the number of events written.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "run.json")
+        >>> chrome_trace([("all_gather", 8, "local", (0, 1), 1.0, 0.5, (0.1, 0.0))], [], path)
+        2
+    """
+    events = []
+    for op, nbytes, implementation, replicas, start, duration, waits in collectives:
+        for replica, wait in zip(replicas, waits):
+            arrival = start + (max(waits) - wait if len(waits) > 1 else 0.0)
+            events.append(
+                {
+                    "name": op, "cat": "collective", "ph": "X", "pid": 0, "tid": replica,
+                    "ts": arrival * 1e6, "dur": max(start + duration - arrival, 0.0) * 1e6,
+                    "args": {"bytes": nbytes, "implementation": implementation, "wait_s": wait},
+                }
+            )  # fmt: skip
+    for replicas, start, duration in steps:
+        for replica in replicas:
+            events.append(
+                {"name": "step", "cat": "step", "ph": "X", "pid": 1, "tid": replica,
+                 "ts": start * 1e6, "dur": duration * 1e6}
+            )  # fmt: skip
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    return len(events)

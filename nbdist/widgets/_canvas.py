@@ -1,0 +1,24 @@
+"""An Agg figure rendered to PNG bytes (thread-safe: no pyplot state)."""
+
+from __future__ import annotations
+
+import io
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["new_figure", "png_bytes"]
+
+
+def new_figure(width: float, height: float, dpi: int = 80) -> Figure:
+    """A Figure with its own Agg canvas."""
+    fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG."""
+    buffer = io.BytesIO()
+    fig.canvas.print_png(buffer)
+    return buffer.getvalue()

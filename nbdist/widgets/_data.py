@@ -1,0 +1,180 @@
+"""Where a dashboard's numbers come from: one in-process strategy, or a cluster's engines.
+
+`source_for(target)` picks the source; `source.collect()` returns one plain dict:
+`engines` (rows), `collectives`/`steps` (telemetry tuples, wall-clock times), `aggregates`,
+`metrics` (`(replica, step, name, value, wall)`), `holdings` and `memory` per replica, and a
+`note` for the user.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from nbdist.holdings import holdings, memory_in_use
+from nbdist.metrics import metric_log
+
+__all__ = ["ClusterSource", "LocalSource", "source_for"]
+
+
+def _user_namespace() -> dict[str, Any]:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return {}
+    shell = get_ipython()
+    return dict(shell.user_ns) if shell is not None else {}
+
+
+class LocalSource:
+    """The replicas of one in-process strategy (threads of this kernel)."""
+
+    def __init__(self, strategy: Any, note: str = ""):
+        self.strategy = strategy
+        self.note = note
+        self.namespace: dict | None = None  # None: the IPython user namespace
+
+    def collect(self, in_thread: bool = False) -> dict[str, Any]:
+        snap = self.strategy.extended.telemetry.snapshot()
+        devices = [str(d) for d in self.strategy.extended.worker_devices]
+        rows = holdings(_user_namespace() if self.namespace is None else self.namespace)
+        memory = memory_in_use(devices[0] if devices else "cpu")
+        engines = [
+            {"replica": i, "state": "alive", "host": socket.gethostname(), "pid": os.getpid(),
+             "device": d, "memory": memory, "heartbeat": time.time()}
+            for i, d in enumerate(devices)
+        ]  # fmt: skip
+        return {
+            "engines": engines,
+            "collectives": snap["collectives"],
+            "steps": snap["steps"],
+            "aggregates": snap["aggregates"],
+            "metrics": metric_log().records(),
+            "holdings": {0: rows},
+            "memory": {0: memory},
+            "note": self.note,
+        }
+
+
+class ClusterSource:
+    """A cluster's engines: their states every time, their records pulled between cells.
+
+    ipyparallel's client is not thread-safe, so the refresher thread (`in_thread=True`) never
+    touches it: it reads the engines' states from their processes (a dead pid is dead at
+    once) and the cluster's own count of requests in flight; pulling records from the engines
+    happens on the kernel's thread, after each cell and on `refresh()`.
+    """
+
+    def __init__(self, cluster: Any):
+        self.cluster = cluster
+        self._snapshots: dict[int, dict] = {}
+        self._seen: dict[int, float] = {}
+        self._registered: set[int] | None = None
+
+    def _status(self, in_thread: bool) -> list[Any]:
+        from nbdist.cluster.processes import pid_alive
+        from nbdist.cluster.status import EngineStatus
+
+        if not in_thread or self._registered is None:
+            rows = list(self.cluster.status())
+            self._registered = {row.id for row in rows if row.state != "dead"}
+            return rows
+        here = socket.gethostname()
+        rows = []
+        for info in self.cluster.engines:
+            alive = info.id in self._registered and (info.host != here or pid_alive(info.pid))
+            busy = bool(self.cluster._inflight.get(info.id))
+            state = "dead" if not alive else "busy" if busy else "alive"
+            rows.append(EngineStatus(info.rank, info.id, info.host, info.pid, info.device, state))
+        return rows
+
+    def collect(self, in_thread: bool = False) -> dict[str, Any]:
+        from nbdist.cluster.feed import pull
+
+        status = self._status(in_thread)
+        if not in_thread and any(row.state == "alive" for row in status):
+            for rank, snap in pull(self.cluster, timeout=5.0).items():
+                self._snapshots[rank] = snap
+                self._seen[rank] = snap["time"]
+        engines = [
+            {"replica": row.rank, "state": row.state, "host": row.host, "pid": row.pid,
+             "device": row.device, "memory": self._snapshots.get(row.rank, {}).get("memory"),
+             "heartbeat": self._seen.get(row.rank)}
+            for row in status
+        ]  # fmt: skip
+        collectives = _merge_collectives(
+            [s["telemetry"].get("collectives", []) for s in self._snapshots.values()]
+        )
+        steps = sorted(
+            (st for s in self._snapshots.values() for st in s["telemetry"].get("steps", [])),
+            key=lambda st: st[1],
+        )
+        aggregates: dict[str, dict] = {}
+        for s in self._snapshots.values():
+            aggregates.update(s["telemetry"].get("aggregates", {}))
+        dead = [row.rank for row in status if row.state == "dead"]
+        note = f"Engine(s) of replica(s) {dead} are dead: `%dist restart`." if dead else ""
+        return {
+            "engines": engines,
+            "collectives": collectives,
+            "steps": steps,
+            "aggregates": aggregates,
+            "metrics": sorted(
+                (m for s in self._snapshots.values() for m in s["metrics"]), key=lambda m: m[4]
+            ),
+            "holdings": {r: s["holdings"] for r, s in self._snapshots.items()},
+            "memory": {r: s["memory"] for r, s in self._snapshots.items()},
+            "note": note,
+        }
+
+
+def _merge_collectives(per_engine: list[list[tuple]]) -> list[tuple]:
+    """Engines each record their own half of a collective `(rank,)` with its own duration;
+    the n-th record of the same op on every engine is one collective. Merge them into one
+    record with every replica's wait (the last to arrive waits 0)."""
+    if len(per_engine) < 2:
+        return list(per_engine[0]) if per_engine else []
+    count = min(len(records) for records in per_engine)
+    merged = []
+    for parts in zip(*(records[-count:] for records in per_engine)):
+        ends = [p[4] + p[5] for p in parts]
+        arrivals = [p[4] for p in parts]
+        last = max(arrivals)
+        replicas = tuple(p[3][0] for p in parts)
+        first = min(arrivals)
+        merged.append(
+            (parts[0][0], parts[0][1], parts[0][2], replicas, first, max(ends) - first,
+             tuple(last - a for a in arrivals))
+        )  # fmt: skip
+    return merged
+
+
+def source_for(target: Any = None) -> Any:
+    """The running cluster (or `target`'s), else the given or current strategy."""
+    if target is None:
+        try:
+            from nbdist.magics.core import current_cluster
+
+            cluster = current_cluster()
+        except Exception:
+            cluster = None
+        if cluster is not None:
+            return ClusterSource(cluster)
+        from nbdist.strategies.current import get_strategy
+
+        return LocalSource(
+            get_strategy(),
+            note="No engines are running: this shows the in-process strategy. Start engines "
+            "with `%dist start -n 2` (or `nd.Cluster(n=2).start()`) to see them here.",
+        )
+    if hasattr(target, "status") and hasattr(target, "client"):
+        return ClusterSource(target)
+    if hasattr(target, "extended"):
+        return LocalSource(target)
+    raise TypeError(
+        f"nd.dashboard(target=...) takes a strategy or an nd.Cluster, got "
+        f"{type(target).__name__}. Leave it out to show the running cluster or the current "
+        "strategy."
+    )

@@ -1,0 +1,213 @@
+"""`nd.dashboard()`: one widget with four views (placement, reductions, training, engines)
+that updates itself while cells run.
+
+Views are drawn with matplotlib's Agg canvas into `ipywidgets.Image` (tables as `HTML`): that
+is what reaches the page while the kernel is busy. Tabs switch in the browser. One refresher
+thread collects the numbers about once a second, redraws only the views whose data changed,
+groups the updates with `hold_sync()`, and waits longer between refreshes when drawing is
+slow (at most a fifth of the time is spent drawing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ipywidgets
+
+from nbdist.timeline import chrome_trace
+from nbdist.widgets._canvas import new_figure, png_bytes
+from nbdist.widgets._data import source_for
+from nbdist.widgets.engines import EnginesView, engines_html
+from nbdist.widgets.placement import PlacementView
+from nbdist.widgets.reductions import ReductionsView, draw_reductions
+from nbdist.widgets.training import TrainingView, draw_training
+
+__all__ = ["Dashboard", "dashboard", "draw_dashboard"]
+
+_INTERVAL_S = 1.0
+_MAX_INTERVAL_S = 10.0
+_DRAW_SHARE = 0.2
+
+
+def draw_dashboard(fig: Any, data: dict) -> None:
+    """Draw every view into one figure (what `save` writes and `nbdist demo` shows)."""
+    top, middle, bottom = fig.subfigures(3, 1, height_ratios=[1, 3, 1.6])
+    ax = top.subplots()
+    ax.axis("off")
+    rows = [
+        [str(e["replica"]), e["state"], str(e["host"]), str(e["pid"]), str(e["device"])]
+        for e in data["engines"]
+    ] or [["–", "no engines", "", "", ""]]
+    held = {r: sum(i["bytes"] for i in items) for r, items in data["holdings"].items()}
+    for row in rows:
+        row.append(str(held.get(int(row[0]) if row[0].isdigit() else -1, "")))
+    table = ax.table(
+        rows, colLabels=["replica", "state", "host", "pid", "device", "bytes held"],
+        loc="center", cellLoc="center",
+    )  # fmt: skip
+    table.scale(1, 1.2)
+    for (r, c), cell in table.get_celld().items():
+        if r > 0 and c == 1 and rows[r - 1][1] == "dead":
+            cell.set_facecolor("#e63946")
+    top.suptitle("Engines and placement", fontsize=10)
+    middle.suptitle("Reductions", fontsize=10)
+    draw_reductions(middle, data)
+    bottom.suptitle("Training", fontsize=10)
+    draw_training(bottom, data)
+
+
+class Dashboard(ipywidgets.VBox):
+    """The live dashboard widget (see `nd.dashboard`)."""
+
+    def __init__(
+        self,
+        target: Any = None,
+        *,
+        interval: float = _INTERVAL_S,
+        live: bool = True,
+        namespace: dict | None = None,
+    ):
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.source = source_for(target)
+        if namespace is not None and hasattr(self.source, "namespace"):
+            self.source.namespace = namespace
+        self.placement = PlacementView()
+        self.reductions = ReductionsView()
+        self.training = TrainingView()
+        self.engines = EnginesView()
+        self.views = (self.placement, self.reductions, self.training, self.engines)
+        self.tabs = ipywidgets.Tab(children=[v.widget for v in self.views])
+        for i, view in enumerate(self.views):
+            self.tabs.set_title(i, view.title)
+        self.header = ipywidgets.HTML()
+        super().__init__(children=[self.header, self.tabs])
+        self.add_class("nd-dashboard")
+        self.data: dict = {}
+        self.interval = interval
+        self.refreshes = 0
+        self.last_draw_s = 0.0
+        self._lock = threading.Lock()
+        self._shell = None
+        self.refresh()
+        try:
+            from IPython import get_ipython
+
+            self._shell = get_ipython()
+        except ImportError:
+            pass
+        if self._shell is not None:
+            self._shell.events.register("post_run_cell", self._after_cell)
+        if live:
+            self._thread = threading.Thread(target=self._loop, name="nbdist-dashboard", daemon=True)
+            self._thread.start()
+
+    def refresh(self, *, in_thread: bool = False) -> dict:
+        """Collect the numbers now and redraw what changed; returns the data shown."""
+        with self._lock:
+            data = self.source.collect(in_thread=in_thread)
+            started = time.perf_counter()
+            with self.hold_sync():
+                changed = [view.update(data) for view in self.views]
+                states = [e["state"] for e in data["engines"]]
+                self.header.value = (
+                    f"<b>nbdist dashboard</b> — {len(states)} replica(s): "
+                    + ", ".join(f"{s} {states.count(s)}" for s in ("alive", "busy", "dead"))
+                    + f" · {len(data['collectives'])} collectives · refresh #{self.refreshes + 1}"
+                )
+            self.last_draw_s = time.perf_counter() - started
+            self.refreshes += 1
+            self.data = data
+            self.changed = changed
+            return data
+
+    def _loop(self) -> None:
+        wait = self.interval
+        while not self._stop.wait(wait):
+            try:
+                self.refresh(in_thread=True)
+            except Exception as error:  # keep the view alive; say what went wrong
+                self.header.value = f"<b>nbdist dashboard</b>: refresh failed: {error!r}"
+            wait = min(max(self.interval, self.last_draw_s / _DRAW_SHARE), _MAX_INTERVAL_S)
+
+    def _after_cell(self, result: Any = None) -> None:
+        """Pull what is new from the engines between cells (on the kernel's thread)."""
+        if not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception as error:  # never break the user's next cell
+                self.header.value = f"<b>nbdist dashboard</b>: refresh failed: {error!r}"
+
+    def close(self) -> None:
+        """Stop refreshing and close the widget."""
+        self._stop.set()
+        shell, self._shell = getattr(self, "_shell", None), None
+        if shell is not None:
+            with contextlib.suppress(ValueError):
+                shell.events.unregister("post_run_cell", self._after_cell)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=_MAX_INTERVAL_S + 5)
+        super().close()
+
+    def picture(self) -> bytes:
+        """Every view as one PNG."""
+        data = self.data or self.refresh()
+        fig = new_figure(10, 11)
+        draw_dashboard(fig, data)
+        return png_bytes(fig)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write every view as one PNG picture to `path`.
+
+        Raises:
+            OSError: The path cannot be written, naming it.
+        """
+        path = Path(path)
+        image = self.picture()
+        try:
+            path.write_bytes(image)
+        except OSError as error:
+            raise OSError(
+                f"Could not save the dashboard to {str(path)!r}: {error.strerror or error}. "
+                "Choose a folder you can write to, e.g. dashboard.save('dashboard.png')."
+            ) from None
+        return path
+
+    def export_trace(self, path: str | os.PathLike) -> Path:
+        """Write the timeline (collectives and steps per replica) in the Chrome/Perfetto trace
+        format; open it at ui.perfetto.dev or chrome://tracing."""
+        data = self.data or self.refresh()
+        chrome_trace(data["collectives"], data["steps"], path)
+        return Path(path)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, dict) and self.data:
+            bundle["image/png"] = self.picture()  # the picture stays when widget state is gone
+            bundle["text/plain"] = "nbdist dashboard"
+        return bundle
+
+
+def dashboard(target: Any = None) -> Dashboard:
+    """The live dashboard of the running cluster, else of the current strategy.
+
+    Args:
+        target: A strategy or an `nd.Cluster`; None picks the `%dist start` cluster, else the
+            current strategy (the default one outside any scope).
+
+    Example:
+        >>> import nbdist as nd
+        >>> board = nd.dashboard(nd.MirroredStrategy(["cpu:0", "cpu:1"]))
+        >>> [e["replica"] for e in board.data["engines"]]
+        [0, 1]
+        >>> board.close()
+    """
+    return Dashboard(target)
+
+
+__all__ += ["engines_html"]

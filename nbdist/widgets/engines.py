@@ -1,0 +1,54 @@
+"""The engines view: alive / busy / dead, host, pid, device, memory and last heartbeat."""
+
+from __future__ import annotations
+
+import html
+import time
+
+import ipywidgets
+
+from nbdist.widgets.placement import _size
+
+__all__ = ["EnginesView", "engines_html"]
+
+_COLORS = {"alive": "#2a9d8f", "busy": "#e9c46a", "dead": "#e63946"}
+
+
+def engines_html(data: dict) -> str:
+    """An HTML table, one row per engine (replica), its state coloured."""
+    now = time.time()
+    rows = []
+    for e in data["engines"]:
+        beat = f"{now - e['heartbeat']:.0f} s ago" if e.get("heartbeat") else "–"
+        color = _COLORS.get(e["state"], "#888")
+        rows.append(
+            f"<tr class='nd-engine nd-{e['state']}'><td>{e['replica']}</td>"
+            f"<td style='color:white;background:{color}'>{e['state']}</td>"
+            f"<td>{html.escape(str(e['host']))}</td><td>{e['pid']}</td>"
+            f"<td>{html.escape(str(e['device']))}</td><td>{_size(e.get('memory'))}</td>"
+            f"<td>{beat}</td></tr>"
+        )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("replica", "state", "host", "pid", "device", "memory", "last heard")
+    )
+    note = f"<p class='nd-note'>{html.escape(data['note'])}</p>" if data.get("note") else ""
+    return f"{note}<table class='nd-engines'><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+class EnginesView:
+    """The engines view as an `ipywidgets.HTML` table."""
+
+    title = "Engines"
+
+    def __init__(self) -> None:
+        self.widget = ipywidgets.HTML()
+        self.states: dict[int, str] = {}
+
+    def update(self, data: dict) -> bool:
+        self.states = {e["replica"]: e["state"] for e in data["engines"]}
+        text = engines_html(data)
+        if text == self.widget.value:
+            return False
+        self.widget.value = text
+        return True

@@ -1,0 +1,60 @@
+"""The placement view: per replica (engine) and device, what it holds (parameters, buffers,
+`nd.Variable`s: count and bytes, by module name) and its memory in use."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets
+
+__all__ = ["PlacementView", "placement_html"]
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def placement_html(data: dict) -> str:
+    """An HTML table: one row per replica, device, kind and module."""
+    rows = []
+    for replica, items in sorted(data["holdings"].items()):
+        memory = _size(data["memory"].get(replica))
+        for item in items:
+            rows.append(
+                f"<tr><td>{replica}</td><td>{html.escape(item['device'])}</td>"
+                f"<td>{item['kind']}</td><td>{html.escape(item['module'])}</td>"
+                f"<td>{item['count']}</td><td class='nd-bytes'>{item['bytes']}</td>"
+                f"<td>{_size(item['bytes'])}</td><td>{memory}</td></tr>"
+            )
+    if not rows:
+        rows.append("<tr><td colspan=8>nothing held yet (no modules or nd.Variables)</td></tr>")
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("replica", "device", "kind", "module", "tensors", "bytes", "size", "memory")
+    )
+    return f"<table class='nd-placement'><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+class PlacementView:
+    """The placement view as an `ipywidgets.HTML` table."""
+
+    title = "Placement"
+
+    def __init__(self) -> None:
+        self.widget = ipywidgets.HTML()
+        self.rows: dict[Any, list] = {}
+
+    def update(self, data: dict) -> bool:
+        text = placement_html(data)
+        if text == self.widget.value:
+            return False
+        self.rows = data["holdings"]
+        self.widget.value = text
+        return True

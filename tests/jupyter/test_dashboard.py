@@ -1,0 +1,77 @@
+"""The dashboard over 2 real engines: after a training cell, and with an engine killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import nbdist as nd
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+TRAIN = """
+torch.manual_seed(0)
+with strategy.scope():
+    model = torch.nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+def step(x):
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    ctx = nd.get_replica_context()
+    for p in model.parameters():
+        p.grad = ctx.all_reduce("mean", p.grad)
+    optimizer.step()
+    return loss.detach()
+
+for i in range(5):
+    loss = strategy.run(step, args=(torch.randn(8, 16),))
+    nd.log(step=i, loss=loss)
+"""
+
+
+def test_dashboard_after_a_two_engine_training_cell(dist_shell):
+    dist_shell.run_cell_magic("distribute", "", TRAIN)
+    board = nd.dashboard()
+    try:
+        data = board.data
+        assert sorted(board.engines.states) == [0, 1]
+        assert set(board.engines.states.values()) == {"alive"}
+        grad_bytes = {16 * 4 * 4, 4 * 4}  # weight and bias gradients, float32
+        assert grad_bytes <= {r[1] for r in data["collectives"]}
+        assert all(set(r[3]) == {0, 1} for r in data["collectives"])
+        curves = board.training.curves["loss"]
+        assert sorted(curves) == [0, 1] and all(len(xs) == 5 for xs, _ in curves.values())
+        for replica in (0, 1):
+            held = sum(r["bytes"] for r in data["holdings"][replica] if r["kind"] == "parameters")
+            assert held == (16 * 4 + 4) * 4
+        assert len(data["steps"]) == 10  # 5 steps on each engine
+    finally:
+        board.close()
+
+
+def test_killed_engine_is_marked_dead_and_the_view_keeps_working(dist_shell):
+    board = nd.dashboard()
+    try:
+        cluster = board.source.cluster
+        victim = next(e for e in cluster.engines if e.rank == 1)
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        deadline = killed + 30
+        while board.engines.states.get(1) != "dead" and time.monotonic() < deadline:
+            board._stop.wait(0.1)  # the refresher thread marks it
+        assert board.engines.states.get(1) == "dead", board.engines.widget.value
+        assert board.engines.states.get(0) in ("alive", "busy")
+        shown = board.engines.widget.value
+        assert "dead" in shown and "%dist restart" in shown
+        board.refresh()  # still works
+        assert board.data["collectives"]  # what was pulled before stays shown
+        result = dist_shell.run_cell("%%distribute\n1 + 1")
+        assert result.error_in_exec is not None
+        assert "1" in str(result.error_in_exec)
+    finally:
+        board.close()
