@@ -5,7 +5,7 @@ given TensorFlow's `TF_CONFIG`, or as one plain process (a single worker). Each 
 one replica (its GPU, or one CPU replica); every step each worker reads only its half of the
 global batch of 64, nbdist averages the gradients across the workers during `backward()`, and
 every worker's copy of the model takes the same optimizer step. Rank 0 prints the loss of each
-epoch and the final test accuracy. Needs scikit-learn (the digits data ship with it, no
+epoch and the final test accuracy. Uses the digits data bundled with nbdist (no scikit-learn, no
 download). Run from the repository root with the virtual environment active:
 
     # (a) torchrun, two workers on this machine

@@ -1,10 +1,9 @@
 """Data-parallel training of a digit classifier with nbdist, the tf.distribute way.
 
-Trains an MLP (64 pixels → 128 → 10 digits) on scikit-learn's bundled 8×8 digits images with a
+Trains an MLP (64 pixels → 128 → 10 digits) on the 8×8 digits images bundled with nbdist with a
 `MirroredStrategy` over two logical CPU replicas: every step, each replica takes half of the
 global batch of 64, computes its gradients, nbdist averages them across replicas, and both
-copies of the model take the same optimizer step. Needs scikit-learn (`pip install
-scikit-learn`, or `pip install 'nbdist[examples]'`); no download.
+copies of the model take the same optimizer step. Needs nothing beyond nbdist; no download.
 
     python examples/train_digits.py                       # 8 epochs on cpu:0, cpu:1
     python examples/train_digits.py --strategy central --epochs 3 --optimizer adam

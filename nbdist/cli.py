@@ -1,8 +1,11 @@
 """The `nbdist` command: `nbdist demo` (also `python -m nbdist demo`).
 
-Front-end layer. Options are parsed with argparse; a bad option or device exits with status 2
-and a one-line message (argparse's convention), a missing optional dependency with status 1
-and the command that installs it, an interrupt with 130.
+Front-end layer. `nbdist demo` starts engines (`nd.Cluster`), trains a small CNN on the digits
+with their `MultiWorkerMirroredStrategy`, writes `metrics.json` and `dashboard.png` into
+`--out` and stops the engines, also on Ctrl-C or an error. `--in-process` runs the same kind
+of training with a `MirroredStrategy` over thread replicas instead (no engines). A bad option
+exits with status 2 and a one-line message (argparse's convention), a demo that cannot run
+(unwritable folder, engines that fail to start) with 1, an interrupt with 130.
 
 Example:
     >>> main(["--version"])  # doctest: +SKIP
@@ -13,15 +16,30 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["build_parser", "main"]
+__all__ = ["MAX_ENGINES_PER_CORE", "build_parser", "main"]
+
+MAX_ENGINES_PER_CORE = 4
+"""More engines than this many per core is refused: each would get too little CPU to be useful."""
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `nbdist` argument parser with its subcommands."""
-    from nbdist import __version__, demo
+    from nbdist import __version__
 
     parser = argparse.ArgumentParser(
         prog="nbdist",
@@ -29,17 +47,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nbdist {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo_parser = commands.add_parser(
+    demo = commands.add_parser(
         "demo",
-        help="train a small classifier on 2 logical CPU replicas and save a dashboard picture",
+        help="train a small CNN on nbdist engines and write its metrics and dashboard",
         description=(
-            "Train an MLP (64-128-10) on scikit-learn's digits images with a data-parallel "
-            "strategy, print the test accuracy and write a picture of the loss, the accuracy "
-            "and the collectives' timing."
+            "Start engines (one per GPU, else 2 CPU engines), train a small CNN on the digits "
+            "data bundled with nbdist with the engines' MultiWorkerMirroredStrategy, print the "
+            "loss and test accuracy per epoch, write metrics.json and dashboard.png into --out "
+            "and stop the engines."
         ),
     )
-    demo.add_arguments(demo_parser)
-    demo_parser.set_defaults(handler=_demo, parser=demo_parser)
+    demo.add_argument("--engines", type=_count, default=None, metavar="N",
+                      help="engines (= replicas) to start (default: one per GPU, else 2)")
+    demo.add_argument("--epochs", type=_count, default=6,
+                      help="passes over the training set (default: %(default)s)")
+    demo.add_argument("--out", type=Path, default=Path("nbdist-demo"), metavar="DIR",
+                      help="folder for metrics.json and dashboard.png (default: ./nbdist-demo)")
+    demo.add_argument("--seed", type=int, default=0,
+                      help="seed of the split, the weights and the shuffling (default: 0)")
+    demo.add_argument("--no-progress", dest="progress", action="store_false",
+                      help="do not show the progress bar")
+    demo.add_argument("--in-process", action="store_true",
+                      help="no engines: thread replicas (MirroredStrategy on cpu:0..N-1) in "
+                      "this process")  # fmt: skip
+    demo.set_defaults(handler=_demo, parser=demo)
     return parser
 
 
@@ -56,20 +87,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else 2
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from nbdist import demo
+def _default_engines() -> int:
+    import torch
 
-    demo.check_arguments(args.parser, args)  # exits 2 with argparse's message
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from nbdist.app.engine_demo import DemoError, check_out_dir
+    from nbdist.errors import NbdistError
+
+    engines = args.engines or _default_engines()
+    cores = os.cpu_count() or 1
+    if engines > MAX_ENGINES_PER_CORE * cores:
+        args.parser.error(
+            f"--engines {engines} is more than {MAX_ENGINES_PER_CORE} per core on this "
+            f"{cores}-core machine; pass --engines {cores} or fewer"
+        )
+    if engines > cores:
+        print(f"nbdist demo: warning: {engines} engines on {cores} cores share the CPUs; "
+              "training will be slower than with fewer engines", file=sys.stderr)  # fmt: skip
     try:
-        demo.train(
-            strategy=args.strategy, devices=args.devices, epochs=args.epochs,
-            optimizer=args.optimizer, lr=args.lr, seed=args.seed, out=args.out,
-            progress=args.progress,
-        )  # fmt: skip
-    except demo.MissingDependencyError as error:
-        print(f"nbdist demo: {error}", file=sys.stderr)
-        return 1
+        folder = check_out_dir(args.out)
+        print(f"nbdist demo: writing into {folder.resolve()}", flush=True)
+        if args.in_process:
+            from nbdist import demo
+
+            devices = [f"cpu:{i}" for i in range(engines)]
+            demo.train(devices=devices, epochs=args.epochs, seed=args.seed,
+                       out=folder / "dashboard.png", progress=args.progress)  # fmt: skip
+        else:
+            from nbdist.app.engine_demo import run_demo
+
+            run_demo(engines, args.epochs, folder, seed=args.seed, progress=args.progress)
     except KeyboardInterrupt:
-        print("nbdist demo: interrupted", file=sys.stderr)
+        print("nbdist demo: interrupted; the engines were stopped", file=sys.stderr)
         return 130
+    except (DemoError, NbdistError, OSError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"nbdist demo: error: {message}", file=sys.stderr)
+        return 1
     return 0

@@ -1,6 +1,6 @@
 """`nbdist demo`: data-parallel training of a small classifier, and its dashboard picture.
 
-Trains an MLP (64-128-10) on scikit-learn's bundled digits images (1,797 8×8 images, no
+Trains an MLP (64-128-10) on the digits images bundled with nbdist (1,797 8×8 images, no
 download) with a `MirroredStrategy` over two logical CPU replicas by default, shows a progress
 bar, prints the test accuracy per epoch and at the end, and saves a three-panel picture:
 training loss per step, test accuracy per epoch, and the timing of every collective taken from
@@ -10,8 +10,7 @@ others).
 `examples/train_digits.py` spells out the same training loop as a script to read; this module
 is what `python -m nbdist demo` runs, and it owns the pieces both share: the data, the
 strategy, the command-line options and the picture. Front-end layer: imports matplotlib,
-tqdm and (lazily) scikit-learn, which is an optional dependency (`pip install scikit-learn`
-or the `examples` extra).
+tqdm and the digits data bundled in `nbdist.app.data` (no scikit-learn needed).
 
 Example:
     >>> from nbdist import demo
@@ -78,35 +77,19 @@ class Digits(NamedTuple):
 
 # -- data, strategy, model ------------------------------------------------------------------
 def load_digits_data(seed: int = 0, test_size: float = 0.2) -> Digits:
-    """scikit-learn's digits (bundled with it, no download), scaled by 1/16, split 80/20.
+    """The digits bundled with nbdist (`nbdist.app.data`), scaled by 1/16, split 80/20.
 
     The split is stratified (every digit in the same proportion on both sides) and fixed by
-    `seed`.
-
-    Raises:
-        MissingDependencyError: scikit-learn is not installed.
+    `seed`. Needs no scikit-learn and no download.
 
     Example:
         >>> data = load_digits_data()
         >>> data.x_train.shape, data.x_test.shape
         (torch.Size([1437, 64]), torch.Size([360, 64]))
     """
-    try:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-    except ImportError as error:
-        raise MissingDependencyError(
-            "The nbdist demo trains on scikit-learn's digits data set, and scikit-learn is not "
-            f"installed ({error}). Install it with `pip install scikit-learn` (or "
-            "`pip install 'nbdist[examples]'`)."
-        ) from error
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x.numpy(), y.numpy(), test_size=test_size, stratify=y.numpy(), random_state=seed
-    )
-    return Digits(*(torch.from_numpy(a) for a in (x_train, y_train, x_test, y_test)))
+    from nbdist.app.data import load_digits
+
+    return Digits(*load_digits(seed, test_size))
 
 
 def make_strategy(name: str, devices: Sequence[str] | None = None) -> nd.Strategy:
@@ -276,7 +259,7 @@ def train(
         `telemetry` (see `summarize_telemetry`), `strategy`, `devices` and `out`.
 
     Raises:
-        MissingDependencyError: scikit-learn is not installed.
+        MissingDependencyError: an optional dependency is missing.
         ValueError: a device that does not exist, or `epochs` < 1.
     """
     from tqdm.auto import tqdm
@@ -332,7 +315,7 @@ def train(
             return correct / len(data.y_test), correct
 
         say(
-            f"nbdist demo: MLP 64-128-10 on scikit-learn digits "
+            f"nbdist demo: MLP 64-128-10 on the digits "
             f"({len(data.x_train)} training / {len(data.x_test)} test images)"
         )
         say(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import subprocess
 import sys
@@ -14,8 +15,6 @@ import torch
 
 from nbdist import cli, demo
 from nbdist.telemetry import Telemetry
-
-pytest.importorskip("sklearn")
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -38,9 +37,10 @@ def load_example():
 
 # -- the demo end to end ----------------------------------------------------------------------
 def test_demo_one_epoch_prints_accuracy_and_writes_a_png(tmp_path, capsys):
-    out = tmp_path / "d.png"
+    out = tmp_path / "dashboard.png"
 
-    code = cli.main(["demo", "--epochs", "1", "--out", str(out)])
+    argv = ["demo", "--in-process", "--no-progress", "--epochs", "1", "--out", str(tmp_path)]
+    code = cli.main(argv)
 
     assert code == 0
     stdout = capsys.readouterr().out
@@ -104,8 +104,18 @@ def test_one_replica_matches_two_mirrored_replicas():
 
 
 # -- bad input --------------------------------------------------------------------------------
+def example_options(argv):
+    """Parse `argv` as examples/train_digits.py does (demo.add_arguments + check_arguments)."""
+    parser = demo.add_arguments(argparse.ArgumentParser(prog="train_digits.py"))
+    try:
+        demo.check_arguments(parser, parser.parse_args(argv))
+    except SystemExit as exit_:
+        return exit_.code
+    return 0
+
+
 def test_unavailable_device_is_a_usage_error_not_a_traceback(capsys):
-    code = cli.main(["demo", "--devices", "cuda:7", "--epochs", "1"])
+    code = example_options(["--devices", "cuda:7", "--epochs", "1"])
 
     assert code == 2
     err = capsys.readouterr().err
@@ -127,7 +137,7 @@ def test_unavailable_device_is_a_usage_error_not_a_traceback(capsys):
     ],
 )
 def test_bad_options_exit_2_with_a_message(argv, message, capsys):
-    assert cli.main(["demo", *argv]) == 2
+    assert example_options(argv) == 2
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
@@ -138,19 +148,16 @@ def test_train_rejects_zero_epochs():
         quiet(epochs=0)
 
 
-def test_missing_scikit_learn_says_what_to_install(monkeypatch, tmp_path, capsys):
+def test_the_demo_needs_no_scikit_learn(monkeypatch, tmp_path, capsys):
     for name in ("sklearn", "sklearn.datasets", "sklearn.model_selection"):
         monkeypatch.setitem(sys.modules, name, None)  # makes `import` of them fail
 
-    code = cli.main(["demo", "--epochs", "1", "--out", str(tmp_path / "d.png")])
+    argv = ["demo", "--in-process", "--no-progress", "--epochs", "1", "--out", str(tmp_path)]
+    code = cli.main(argv)
 
-    assert code == 1
-    err = capsys.readouterr().err
-    assert "pip install scikit-learn" in err
-    assert "nbdist[examples]" in err
-    assert not (tmp_path / "d.png").exists()
-    with pytest.raises(ImportError, match="scikit-learn"):
-        demo.load_digits_data()
+    assert code == 0
+    assert (tmp_path / "dashboard.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert demo.load_digits_data().x_train.shape == (1437, 64)
 
 
 def test_no_command_prints_help_and_exits_2(capsys):
@@ -160,18 +167,20 @@ def test_no_command_prints_help_and_exits_2(capsys):
 
 def test_help_exits_0(capsys):
     assert cli.main(["demo", "--help"]) == 0
-    assert "--devices" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    for option in ("--engines", "--epochs", "--out", "--seed", "--no-progress", "--in-process"):
+        assert option in out
 
 
 @pytest.mark.slow
 def test_python_dash_m_nbdist_exits_with_main_status():
     done = subprocess.run(
-        [sys.executable, "-m", "nbdist", "demo", "--devices", "gpu:x"],
+        [sys.executable, "-m", "nbdist", "demo", "--engines", "0"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
 
     assert done.returncode == 2
-    assert "Unknown device 'gpu:x'" in done.stderr
+    assert "argument --engines: must be at least 1, got 0" in done.stderr
     assert "Traceback" not in done.stderr
 
 
