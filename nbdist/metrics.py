@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import itertools
 import numbers
 import threading
 import time
@@ -41,6 +42,8 @@ class MetricLog:
         self._lock = threading.Lock()
         self.version = 0
         """Grows with every record (readers redraw only when it changed)."""
+        self.appended = 0
+        """Records ever appended (to send only the new ones)."""
 
     def add(self, replica: int, step: int | None, scalars: dict[str, float]) -> None:
         """Record `scalars` for `replica` at `step` (the name's next step when None)."""
@@ -51,12 +54,19 @@ class MetricLog:
                 at = self._next_step.get(key, 0) if step is None else step
                 self._next_step[key] = at + 1
                 self._log.append((replica, at, name, value, wall))
+                self.appended += 1
             self.version += 1
 
     def records(self) -> list[tuple]:
         """Every record kept, oldest first."""
         with self._lock:
             return list(self._log)
+
+    def tail(self, n: int) -> list[tuple]:
+        """The newest `n` records, oldest first."""
+        with self._lock:
+            n = min(n, len(self._log))
+            return list(itertools.islice(reversed(self._log), n))[::-1] if n else []
 
     def last(self, name: str) -> tuple[int, int, float] | None:
         """The newest `(replica, step, value)` logged under `name`, or None."""

@@ -109,6 +109,10 @@ class Telemetry:
         self.enabled = enabled
         self.version = 0
         """Grows with every record (readers redraw only when it changed)."""
+        self.appended = 0
+        """Collective records ever appended (to send only the new ones)."""
+        self.steps_appended = 0
+        """Step records ever appended."""
 
     def _make_room(self) -> None:
         if len(self._log) == self._capacity:
@@ -138,6 +142,7 @@ class Telemetry:
                 self._make_room()
             self._log.append((op, nbytes, implementation, replicas, start, duration, waits))
             self.version += 1
+            self.appended += 1
 
     def record_arrivals(
         self,
@@ -155,6 +160,7 @@ class Telemetry:
                 self._make_room()
             self._log.append((op, nbytes, implementation, replicas, arrivals, ready))
             self.version += 1
+            self.appended += 1
 
     def record_step(self, replicas: tuple[int, ...], start: float, duration: float) -> None:
         """Append one step (`strategy.run`) record.
@@ -168,10 +174,29 @@ class Telemetry:
         if self.enabled:
             self._steps.append((replicas, start, duration))
             self.version += 1
+            self.steps_appended += 1
 
     def steps(self) -> list[StepRecord]:
         """The step records kept, oldest first."""
         return [StepRecord(*entry) for entry in list(self._steps)]
+
+    def tail(self, collectives: int, steps: int) -> dict:
+        """The newest records in `snapshot()`'s form, with the counts ever appended."""
+        offset = self._offset
+        collectives = min(collectives, len(self._log))
+        steps = min(steps, len(self._steps))
+        recent = self.records(last=collectives) if collectives else []
+        step_tail = list(itertools.islice(reversed(self._steps), steps))[::-1]
+        return {
+            "collectives": [
+                (r.op, r.nbytes, r.implementation, r.replicas, r.start + offset, r.duration,
+                 r.waits)
+                for r in recent
+            ],
+            "steps": [(reps, start + offset, duration) for reps, start, duration in step_tail],
+            "appended": self.appended,
+            "steps_appended": self.steps_appended,
+        }  # fmt: skip
 
     def snapshot(self) -> dict:
         """Every record as plain tuples with wall-clock times (picklable, for the notebook).
@@ -180,7 +205,7 @@ class Telemetry:
             >>> t = Telemetry()
             >>> t.record("all_gather", 8, "local", (0,), now(), 0.001, (0.0,))
             >>> sorted(Telemetry().snapshot())
-            ['aggregates', 'collectives', 'steps']
+            ['aggregates', 'appended', 'collectives', 'steps', 'steps_appended']
         """
         offset = self._offset
         collectives = [
@@ -189,7 +214,13 @@ class Telemetry:
         ]
         steps = [(s.replicas, s.start + offset, s.duration) for s in self.steps()]
         aggregates = {op: dataclasses.asdict(a) for op, a in self.aggregates.items()}
-        return {"collectives": collectives, "steps": steps, "aggregates": aggregates}
+        return {
+            "collectives": collectives,
+            "steps": steps,
+            "aggregates": aggregates,
+            "appended": self.appended,
+            "steps_appended": self.steps_appended,
+        }
 
     def records(self, last: int | None = None) -> list[CollectiveRecord]:
         """The records kept, oldest first (only the newest `last` when given).

@@ -124,6 +124,9 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     from nbdist.metrics import set_home_replica
 
     set_home_replica(int(config["rank"]), engine=True)
+    from nbdist.cluster.feed import start_publisher
+
+    start_publisher()
     namespace.update(nd=nd, torch=torch, strategy=strategy)
     return {
         "device": str(strategy.extended.worker_devices[0]),

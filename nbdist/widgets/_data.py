@@ -18,6 +18,8 @@ from nbdist.metrics import metric_log
 
 __all__ = ["ClusterSource", "LocalSource", "source_for"]
 
+_KEEP = 10_000  # records kept per engine from live updates
+
 
 def _user_namespace() -> dict[str, Any]:
     try:
@@ -73,6 +75,31 @@ class ClusterSource:
         self._seen: dict[int, float] = {}
         self._registered: set[int] | None = None
 
+    def _merge_live(self, feed: dict) -> None:
+        """Append what a feed message has that the last snapshot of its engine lacks."""
+        rank = feed["rank"]
+        snap = self._snapshots.setdefault(
+            rank,
+            {"telemetry": {"collectives": [], "steps": [], "aggregates": {}, "appended": 0,
+                           "steps_appended": 0},
+             "metrics": [], "metrics_appended": 0, "holdings": [], "memory": None, "time": 0.0},
+        )  # fmt: skip
+        if feed["time"] <= snap["time"]:
+            return
+        tel, new = snap["telemetry"], feed["telemetry"]
+        for key, count in (("collectives", "appended"), ("steps", "steps_appended")):
+            fresh = new[count] - tel.get(count, 0)
+            if fresh > 0:
+                tel[key] = (tel[key] + new[key][-fresh:])[-_KEEP:]
+                tel[count] = new[count]
+        fresh = feed["metrics_appended"] - snap.get("metrics_appended", 0)
+        if fresh > 0:
+            snap["metrics"] = (snap["metrics"] + feed["metrics"][-fresh:])[-_KEEP:]
+            snap["metrics_appended"] = feed["metrics_appended"]
+        snap["memory"] = feed["memory"]
+        snap["time"] = feed["time"]
+        self._seen[rank] = feed["time"]
+
     def _status(self, in_thread: bool) -> list[Any]:
         from nbdist.cluster.processes import pid_alive
         from nbdist.cluster.status import EngineStatus
@@ -91,13 +118,15 @@ class ClusterSource:
         return rows
 
     def collect(self, in_thread: bool = False) -> dict[str, Any]:
-        from nbdist.cluster.feed import pull
+        from nbdist.cluster.feed import live_updates, pull
 
         status = self._status(in_thread)
         if not in_thread and any(row.state == "alive" for row in status):
             for rank, snap in pull(self.cluster, timeout=5.0).items():
                 self._snapshots[rank] = snap
                 self._seen[rank] = snap["time"]
+        for feed in live_updates(self.cluster):
+            self._merge_live(feed)
         engines = [
             {"replica": row.rank, "state": row.state, "host": row.host, "pid": row.pid,
              "device": row.device, "memory": self._snapshots.get(row.rank, {}).get("memory"),

@@ -10,6 +10,7 @@ slow (at most a fifth of the time is spent drawing).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -93,6 +94,8 @@ class Dashboard(ipywidgets.VBox):
         self.refreshes = 0
         self.last_draw_s = 0.0
         self._lock = threading.Lock()
+        self.history: collections.deque[tuple] = collections.deque(maxlen=1000)
+        """Per refresh: (monotonic time, collectives shown, metrics shown, from the thread)."""
         self._shell = None
         self.refresh()
         try:
@@ -122,6 +125,9 @@ class Dashboard(ipywidgets.VBox):
                 )
             self.last_draw_s = time.perf_counter() - started
             self.refreshes += 1
+            self.history.append(
+                (time.monotonic(), len(data["collectives"]), len(data["metrics"]), in_thread)
+            )
             self.data = data
             self.changed = changed
             return data

@@ -54,6 +54,31 @@ def test_dashboard_after_a_two_engine_training_cell(dist_shell):
         board.close()
 
 
+def test_dashboard_updates_while_a_distribute_cell_runs(dist_shell):
+    board = nd.dashboard()
+    board.interval = 0.2
+    try:
+        before = board.refresh()["collectives"]
+        started = time.monotonic()
+        dist_shell.run_cell_magic(
+            "distribute",
+            "",
+            "import time\n"
+            "ones = torch.ones(256)\n"
+            "for i in range(150):\n"
+            "    strategy.run(lambda: nd.get_replica_context().all_reduce('sum', ones))\n"
+            "    nd.log(step=100 + i, live=float(i))\n"
+            "    time.sleep(0.05)\n",
+        )
+        ended = time.monotonic()
+        during = [h for h in board.history if started < h[0] < ended and h[3]]
+        # The reduction chart grew while the cell ran (records sent from the engines live).
+        assert any(h[1] > len(before) for h in during), list(board.history)
+        assert any(h[2] > 0 for h in during)
+    finally:
+        board.close()
+
+
 def test_killed_engine_is_marked_dead_and_the_view_keeps_working(dist_shell):
     board = nd.dashboard()
     try:
