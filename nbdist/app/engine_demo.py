@@ -4,8 +4,9 @@
 GPUs, else CPU engines), builds the model on each in its `MultiWorkerMirroredStrategy`'s scope,
 drives the epochs from here with `cluster.strategy.run_steps` (a few steps per round trip, one
 progress bar), evaluates after every epoch, checks that every replica ends with the same
-parameters, and writes `metrics.json` and `dashboard.png` into `out`. The engines are stopped
-on the way out, whatever happened (Ctrl-C and errors included).
+parameters, and writes `metrics.json` and `dashboard.png` (the dashboard's views: placement,
+reductions, training, engines) into `out`. The engines are stopped on the way out, whatever
+happened (Ctrl-C and errors included).
 
 Example:
     >>> from nbdist.app.engine_demo import run_demo
@@ -91,6 +92,8 @@ def run_demo(
         say(f"{engines} engines joined one process group ({_backend(cluster)}) "
             f"in {timings['start']:.1f} s")  # fmt: skip
         metrics = _train(cluster, epochs, seed, progress, say, timings)
+        _picture(folder / "dashboard.png", cluster)
+        metrics["dashboard"] = str((folder / "dashboard.png").resolve())
     finally:
         stopping = time.perf_counter()
         cluster.stop()
@@ -98,7 +101,6 @@ def run_demo(
     timings["total"] = time.perf_counter() - begin
     metrics["timings"] = timings
     metrics["out"] = str(folder.resolve())
-    _picture(folder / "dashboard.png", metrics, metrics.pop("_records"))
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
     say(
         f"timings: start {timings['start']:.1f} s, first step {timings['first_step']:.2f} s, "
@@ -163,7 +165,6 @@ def _train(cluster, epochs, seed, progress, say, timings) -> dict[str, Any]:
     timings["training"] = time.perf_counter() - started
     checksums = [float(c) for c in
                  strategy.experimental_local_results(strategy.run(training.parameter_checksum))]
-    records = first.apply_sync(training.collective_records)
     identical = len(set(checksums)) == 1
     say(f"final test accuracy {epoch_accuracies[-1]:.2%}; replicas identical: {identical}")
     return {
@@ -176,17 +177,17 @@ def _train(cluster, epochs, seed, progress, say, timings) -> dict[str, Any]:
         "step_losses": first.apply_sync(training.step_losses),
         "replicas_identical": identical,
         "parameter_checksums": checksums,
-        "collectives": len(records),
-        "_records": records,
         "steps_per_epoch": steps,
     }
 
 
-def _picture(path: Path, metrics: dict[str, Any], records: list[Any]) -> None:
-    from nbdist.run_figure import plot_dashboard
+def _picture(path: Path, cluster: Any) -> None:
+    """The dashboard's four views (placement, reductions, training, engines) as one PNG."""
+    from nbdist.widgets.dashboard import Dashboard
 
-    title = (f"nbdist demo — {metrics['engines']} engines: test accuracy "
-             f"{metrics['accuracy']:.1%} after {metrics['epochs']} epoch(s)")  # fmt: skip
-    plot_dashboard(metrics["step_losses"], metrics["epoch_accuracies"], records, path,
-                   title=title, steps_per_epoch=metrics["steps_per_epoch"])  # fmt: skip
-    metrics["dashboard"] = str(path.resolve())
+    board = Dashboard(cluster, live=False)
+    try:
+        board.refresh()
+        board.save(path)
+    finally:
+        board.close()

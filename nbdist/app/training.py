@@ -103,6 +103,7 @@ def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     totals = torch.stack([losses.detach().sum(), torch.tensor(float(len(y)))])
     totals = nd.get_replica_context().all_reduce("sum", totals)
     _job["step_losses"].append(float(totals[0] / totals[1]))
+    nd.log(step=len(_job["step_losses"]), loss=_job["step_losses"][-1])
     return totals
 
 
@@ -116,6 +117,7 @@ def evaluate() -> torch.Tensor:
     x, y = data.x_test[rank::size], data.y_test[rank::size]
     with torch.no_grad():
         correct = (model(x).argmax(dim=1) == y).sum()
+    nd.log(step=len(_job["step_losses"]), test_accuracy=float(correct) / max(len(y), 1))
     return torch.stack([correct.float(), torch.tensor(float(len(y)))])
 
 
