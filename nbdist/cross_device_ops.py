@@ -16,7 +16,7 @@ import torch
 from nbdist._private_api import foreach
 from nbdist.communication import CommunicationOptions
 from nbdist.devices import canonical_devices, physical_device
-from nbdist.errors import InvalidArgumentError
+from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 from nbdist.reduce import ReduceOp
 from nbdist.telemetry import Telemetry
 from nbdist.values import DistributedValues, Mirrored
@@ -73,7 +73,10 @@ class CrossDeviceOps:
         """Reduce a per-replica value to `destinations` (a `Mirrored` for several devices).
 
         Context: cross-replica. Hangs if: never (no other replica is waited for).
+        `options` must be a `CommunicationOptions` or None: one tensor in one process is one
+        reduction, so there is nothing to pack, compress or time out.
         """
+        _check_options(options)
         op = ReduceOp.from_value(reduce_op)
         devices = resolve_destinations(destinations)
         tensors = self._components(op, per_replica_value)
@@ -97,8 +100,10 @@ class CrossDeviceOps:
 
         Context: cross-replica. Hangs if: never.
         """
+        _check_options(options)
         op = ReduceOp.from_value(reduce_op)
-        pack_bytes = (options.bytes_per_pack if options else 0) or DEFAULT_PACK_BYTES
+        explicit = options.bytes_per_pack if options else 0
+        num_packs = getattr(self, "num_packs", 1)
         start = time.perf_counter()
         resolved: dict[int, tuple[str, ...]] = {}
         prepared = []
@@ -121,6 +126,11 @@ class CrossDeviceOps:
                         [out[k] for out in per_destination], devices
                     )
                 continue
+            pack_bytes = explicit or DEFAULT_PACK_BYTES
+            if not explicit and num_packs > 1:  # HierarchicalCopyAllReduce(num_packs=k)
+                total = sum(columns[k][0].numel() * columns[k][0].element_size()
+                            for k in range(len(columns)))  # fmt: skip
+                pack_bytes = max(1, -(-total // num_packs))
             for pack in _packs(indices, prepared, pack_bytes):
                 reduced = self._reduce_packed(op, [prepared[i][0] for i in pack], devices)
                 for index, per_destination in zip(pack, reduced):
@@ -360,6 +370,14 @@ def _foreach_reduce(
     for _ in range(1, destinations):
         outputs.append(foreach.mul(total, 1))
     return outputs
+
+
+def _check_options(options: Any) -> None:
+    if options is not None and not isinstance(options, CommunicationOptions):
+        raise ArgumentTypeError(
+            f"CrossDeviceOps options must be nbdist.experimental.CommunicationOptions or None, "
+            f"got {options!r}."
+        )
 
 
 def _packs(

@@ -391,3 +391,36 @@ def test_telemetry_disabled_records_nothing():
     telemetry.record("op", 4, "local", (0,), 0.0, 0.0, (0.0,))
     assert len(telemetry) == 0
     assert CollectiveRecord("op", 4, "local", (0,), 0.0, 0.0, (0.0,)).bandwidth == 0.0
+
+
+@pytest.mark.parametrize("options", [{"timeout_seconds": 5}, "fast"])
+def test_reduce_and_batch_reduce_refuse_options_that_are_not_communication_options(options):
+    ops = nd.ReductionToOneDevice()
+    value = nd.PerReplica([torch.ones(2), torch.ones(2)])
+    with pytest.raises(nd.errors.ArgumentTypeError, match="CommunicationOptions or None"):
+        ops.reduce("sum", value, "cpu:0", options=options)
+    with pytest.raises(nd.errors.ArgumentTypeError, match="CommunicationOptions or None"):
+        ops.batch_reduce("sum", [(value, "cpu:0")], options=options)
+    assert (
+        ops.reduce("sum", value, "cpu:0", options=nd.experimental.CommunicationOptions())[0].item()
+        == 2.0
+    )
+
+
+def test_hierarchical_copy_num_packs_splits_a_batch_into_that_many_packs():
+    class Counting(nd.HierarchicalCopyAllReduce):
+        packs = 0
+
+        def _reduce_packed(self, *args, **kwargs):
+            Counting.packs += 1
+            return super()._reduce_packed(*args, **kwargs)
+
+    # Integer MEAN cannot be fused in place, so the batch goes through packs.
+    values = [
+        (nd.PerReplica([torch.full((8,), i), torch.full((8,), i + 2)]), "cpu:0") for i in range(4)
+    ]
+    for num_packs, expected in [(1, 1), (2, 2), (4, 4)]:
+        Counting.packs = 0
+        out = Counting(num_packs=num_packs).batch_reduce("mean", values)
+        assert Counting.packs == expected
+        assert [float(t[0]) for t in out] == [1.0, 2.0, 3.0, 4.0]
