@@ -14,7 +14,7 @@ import nbdist
 
 ROOT = Path(nbdist.__file__).parent
 # Front end, engine side and test helpers are outside this check (issue 13 covers the core).
-OUTSIDE = ("cluster", "magics", "testing", "widgets", "demo.py", "cli.py", "run_figure.py")
+OUTSIDE = ("app", "cluster", "magics", "testing", "widgets", "demo.py", "cli.py", "run_figure.py")
 INSIDE_ANYWAY = ("cluster/remote.py", "cluster/plan.py")
 BUILTINS = {"ValueError", "TypeError", "RuntimeError", "KeyError", "IndexError", "OSError",
             "TimeoutError", "Exception", "AssertionError", "LookupError"}  # fmt: skip
