@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nbdist._private_api import foreach, queue_backward_callback
+from nbdist.strategies._compiled import eager_between_graphs
 
 if TYPE_CHECKING:
     from nbdist.collectives.torch_dist import DistGroup
@@ -101,6 +102,7 @@ class GradientBuckets:
         return [torch.empty(b.buffer.numel(), dtype=b.buffer.dtype) for b in self.buckets]
 
     # -- during backward ------------------------------------------------------------------
+    @eager_between_graphs
     def _on_grad(self, param: torch.Tensor) -> None:
         if not self.active:
             return
@@ -141,6 +143,7 @@ class GradientBuckets:
                     view.zero_() if grad is None else view.copy_(grad)
         bucket.work = self.group.all_reduce_async(bucket.buffer)
 
+    @eager_between_graphs
     def _finish(self) -> None:
         self._pending = False
         try:

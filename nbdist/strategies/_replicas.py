@@ -28,6 +28,7 @@ from nbdist import context
 from nbdist._private_api import queue_backward_callback, tensor_version
 from nbdist.devices import physical_device
 from nbdist.reduce import ReduceOp
+from nbdist.strategies._compiled import eager_between_graphs
 
 if TYPE_CHECKING:
     from nbdist.collectives.local import LocalGroup
@@ -38,37 +39,58 @@ _hooks_lock = threading.Lock()
 _hooks_installed: list[bool] = [False]
 
 
-class _ReplicaView(TorchFunctionMode):
-    """Swap captured tensors for this replica's components in every torch call."""
+# Each captured tensor carries its slot in its strategy's lists under this attribute. The view
+# finds a tensor's components through it (checked with `is`, so a copy of the tensor is never
+# swapped), not through `id()`: under torch.compile an `id()` of the step's input tensors would
+# make Dynamo guard on their identity and recompile at every batch.
+_SLOT = "_nbdist_replica_slot"
 
-    def __init__(self, mapping: dict[int, torch.Tensor]):
+
+class _ReplicaView(TorchFunctionMode):
+    """Swap captured tensors for this replica's components in every torch call.
+
+    Traceable by torch.compile (see Note [Replica views] and docs/compile.md): the compiled
+    graph reads the replica's own components as its inputs.
+    """
+
+    def __init__(self, replicas: ReplicaParameters, replica: int):
         super().__init__()
-        self.mapping = mapping
+        self.originals = replicas._originals
+        self.components = replicas._components
+        self.replica = replica
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if context.current_replica_context() is not None:
-            args = _swap(args, self.mapping)
+        # Under torch.compile the check is skipped (Dynamo cannot read a ContextVar): a compiled
+        # region is always in replica context, since merge_call graph-breaks out of it.
+        if torch.compiler.is_compiling() or context.current_replica_context() is not None:
+            args = self._swap(args)
             if kwargs:
-                kwargs = dict(zip(kwargs, _swap(tuple(kwargs.values()), self.mapping)))
+                kwargs = dict(zip(kwargs, self._swap(tuple(kwargs.values()))))
         return func(*args, **(kwargs or {}))
 
+    def _swap(self, items: tuple | list) -> Any:
+        replaced = None
+        for index, item in enumerate(items):
+            if isinstance(item, torch.Tensor):
+                new = self._component(item)
+            elif type(item) in (list, tuple):
+                new = self._swap(item)
+            else:
+                continue
+            if new is not item:
+                if replaced is None:
+                    replaced = list(items)
+                replaced[index] = new
+        if replaced is None:
+            return items
+        return tuple(replaced) if isinstance(items, tuple) else replaced
 
-def _swap(items: tuple | list, mapping: dict[int, torch.Tensor]) -> Any:
-    replaced = None
-    for index, item in enumerate(items):
-        if isinstance(item, torch.Tensor):
-            new = mapping.get(id(item), item)
-        elif type(item) in (list, tuple):
-            new = _swap(item, mapping)
-        else:
-            continue
-        if new is not item:
-            if replaced is None:
-                replaced = list(items)
-            replaced[index] = new
-    if replaced is None:
-        return items
-    return tuple(replaced) if isinstance(items, tuple) else replaced
+    def _component(self, tensor: torch.Tensor) -> torch.Tensor:
+        slot = getattr(tensor, _SLOT, None)
+        if slot is None or slot >= len(self.originals) or self.originals[slot] is not tensor:
+            return tensor
+        components = self.components[slot]
+        return components[self.replica] if components else tensor
 
 
 class ReplicaParameters:
@@ -85,6 +107,7 @@ class ReplicaParameters:
         self._aliases: list[list[bool]] = []
         self._versions: list[int] = []
         self._maps: list[dict[int, torch.Tensor]] = [{} for _ in devices]
+        self._views: dict[int, _ReplicaView] = {}
         self._pending = [False] * len(devices)
         self._shadows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._shadow_lock = threading.Lock()
@@ -96,6 +119,7 @@ class ReplicaParameters:
         if tensor is None or id(tensor) in self._index:
             return
         self._index[id(tensor)] = len(self._originals)
+        setattr(tensor, _SLOT, len(self._originals))
         self._originals.append(tensor)
         self._synced.append(sync_gradients and isinstance(tensor, torch.nn.Parameter))
         self._components.append([])
@@ -147,15 +171,24 @@ class ReplicaParameters:
     def view(self, replica: int) -> TorchFunctionMode | None:
         """The mode that makes `replica` compute with its own components (None: not needed)."""
         mapping = self._maps[replica]
-        return _ReplicaView(mapping) if mapping else None
+        if not mapping:
+            return None
+        # One mode object per replica, reused at every `run`: torch.compile guards on the mode
+        # stack, so a fresh object each step would recompile each step.
+        mode = self._views.get(replica)
+        if mode is None:
+            mode = self._views[replica] = _ReplicaView(self, replica)
+        return mode
 
     # -- gradients ------------------------------------------------------------------------
+    @eager_between_graphs
     def _on_grad(self, replica: int, tensor: torch.Tensor) -> None:
         if not self.active or self._pending[replica]:
             return
         self._pending[replica] = True
         queue_backward_callback(functools.partial(self._end_of_backward, replica))
 
+    @eager_between_graphs
     def _end_of_backward(self, replica: int) -> None:
         self._pending[replica] = False
         grads = [
@@ -299,6 +332,7 @@ def _replicas_for(optimizer: torch.optim.Optimizer) -> tuple[ReplicaParameters, 
     return replicas, replica.local_replica_index
 
 
+@eager_between_graphs
 def _pre_step(optimizer, args, kwargs):
     found = _replicas_for(optimizer)
     if found is None:
@@ -307,6 +341,7 @@ def _pre_step(optimizer, args, kwargs):
     return replicas.before_step(optimizer, index, args, kwargs)
 
 
+@eager_between_graphs
 def _post_step(optimizer, args, kwargs) -> None:
     found = _replicas_for(optimizer)
     if found is not None:

@@ -19,6 +19,7 @@ from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice, resolv
 from nbdist.errors import ArgumentTypeError, ContextError
 from nbdist.placement import Placement
 from nbdist.reduce import ReduceOp
+from nbdist.strategies._compiled import collective_between_graphs
 from nbdist.telemetry import Telemetry, now
 from nbdist.values import DistributedValues, PerReplica, select_replica
 
@@ -535,6 +536,7 @@ class ReplicaContext:
         """The device(s) this replica computes on."""
         return (self._strategy._devices[self.local_replica_index],)
 
+    @collective_between_graphs
     def all_reduce(self, reduce_op: ReduceOp | str, value: Any, options: Any = None) -> Any:
         """Every replica gets the reduction of all replicas' `value` (any nested structure).
 
@@ -550,6 +552,7 @@ class ReplicaContext:
         op = ReduceOp.from_value(reduce_op)
         return self._strategy._replica_all_reduce(self, op, value, options)
 
+    @collective_between_graphs
     def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
         """Every replica gets all replicas' `value` concatenated along `axis`, in replica order.
 
@@ -557,6 +560,7 @@ class ReplicaContext:
         """
         return self._strategy._replica_all_gather(self, value, axis, options)
 
+    @collective_between_graphs
     def merge_call(
         self,
         merge_fn: Callable[..., Any],

@@ -7,6 +7,7 @@ import threading
 from nbdist import context
 from nbdist.errors import ArgumentTypeError
 from nbdist.reduce import ReduceOp
+from nbdist.strategies._compiled import collective_between_graphs
 from nbdist.strategies.base import ReplicaContext, Strategy
 from nbdist.strategies.one_device import DefaultStrategy
 
@@ -40,6 +41,7 @@ def _default_replica_context() -> ReplicaContext:
         return _default_replica[0]
 
 
+@collective_between_graphs
 def get_strategy() -> Strategy:
     """The current strategy; outside every scope, the default (one-replica) strategy.
 
@@ -56,6 +58,7 @@ def get_strategy() -> Strategy:
     return context.current_scope_strategy() or _default_strategy()
 
 
+@collective_between_graphs
 def has_strategy() -> bool:
     """True inside a non-default strategy's scope or replica context.
 
@@ -68,6 +71,7 @@ def has_strategy() -> bool:
     return strategy is not None and not isinstance(strategy, DefaultStrategy)
 
 
+@collective_between_graphs
 def get_replica_context() -> ReplicaContext | None:
     """The replica context: inside `run` the replica's, in cross-replica context None,
     outside every scope (and inside the default strategy's scope, as in TensorFlow) the
@@ -88,6 +92,7 @@ def get_replica_context() -> ReplicaContext | None:
     return _default_replica_context()
 
 
+@collective_between_graphs
 def in_cross_replica_context() -> bool:
     """True inside `strategy.scope()` and outside `run` (and inside a `merge_call` function).
 

@@ -30,6 +30,11 @@ from nbdist.errors import (
     ReplicaReleasedError,
 )
 from nbdist.reduce import ReduceOp
+from nbdist.strategies._compiled import (
+    ParameterInRunError,
+    eager_between_graphs,
+    translate_compile_error,
+)
 from nbdist.strategies._replicas import ReplicaParameters
 from nbdist.strategies.base import ReplicaContext, Strategy
 from nbdist.values import regroup, select_replica
@@ -122,11 +127,20 @@ class LocalStrategy(Strategy):
         grad_enabled = torch.is_grad_enabled()
         if count == 1:
             ctx = ReplicaContext(self, self._local_replica_ids()[0], 0)
-            with context.enter_replica_context(ctx), self._replica_device(0):
-                return fn(*select_replica(0, args), **select_replica(0, kwargs))
+            try:
+                with context.enter_replica_context(ctx), self._replica_device(0):
+                    return fn(*select_replica(0, args), **select_replica(0, kwargs))
+            except RuntimeError as error:
+                translated = translate_compile_error(error, ctx.replica_id_in_sync_group)
+                if translated is error:
+                    raise
+                raise translated from None
         self._group.begin_run()
         self._replicas.synchronize()
         self._replicas.active = True
+        refuse = torch.nn.modules.module.register_module_parameter_registration_hook(
+            self._refuse_parameter_in_run
+        )
         try:
             pool = self._thread_pool(count - 1)
             futures = [
@@ -143,6 +157,7 @@ class LocalStrategy(Strategy):
             ]
             outcomes += [future.result() for future in futures]
         finally:
+            refuse.remove()
             self._replicas.active = False
         failures = [(when, k, value) for k, (ok, value, when) in enumerate(outcomes) if not ok]
         if failures:
@@ -166,10 +181,26 @@ class LocalStrategy(Strategy):
             ):
                 result = fn(*select_replica(k, args), **select_replica(k, kwargs))
         except BaseException as error:
+            error = translate_compile_error(error, ctx.replica_id_in_sync_group)
             self._group.replica_failed(k, error)
             return False, error, time.monotonic()
         self._group.replica_finished(k)
         return True, result, 0.0
+
+    @eager_between_graphs
+    def _refuse_parameter_in_run(self, module: torch.nn.Module, name: str, param: Any) -> None:
+        replica = context.current_replica_context()
+        if replica is None or replica.strategy is not self or param is None:
+            return
+        if type(module).__module__.startswith(("torch._", "torch.fx")):
+            return  # torch.compile's own modules (Dynamo's FakeRootModule, fx GraphModules)
+        raise ParameterInRunError(
+            f"Replica {replica.replica_id_in_sync_group}: {type(module).__name__} registered "
+            f"parameter {name!r} inside strategy.run (compiled or not). Each of the "
+            f"{len(self._devices)} replicas would get its own parameter, never synchronised. "
+            "Create modules and parameters in strategy.scope(), outside run (and outside the "
+            "compiled step), and use them inside."
+        )
 
     @contextlib.contextmanager
     def _replica_view(self, k: int) -> Iterator[None]:

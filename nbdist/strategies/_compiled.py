@@ -1,0 +1,108 @@
+"""How the strategies meet `torch.compile`: what runs between compiled graphs, and the errors.
+
+Note [Compiled steps]: a step given to `strategy.run` may be `torch.compile`d, or may call a
+module compiled with `torch.compile(model)`. Dynamo traces the user's code, including the
+replica view's `TorchFunctionMode` (so the graph reads the replica's own parameters), but
+never nbdist's machinery: the gradient hooks, the end-of-backward callbacks, the optimizer
+hooks and the replica-context collectives are marked with `torch.compiler.disable`, so they
+run eagerly between graphs (a graph break). Gradients are therefore averaged exactly as in
+eager mode: the hooks fire when autograd accumulates each gradient, whether the backward graph
+came from Dynamo's AOTAutograd or not. Where a graph break cannot happen (`fullgraph=True`),
+the collective is refused with `CompiledCollectiveError`, naming the fix, before any replica
+waits on it. docs/compile.md lists every graph break and why.
+
+Example:
+    >>> import torch
+    >>> @eager_between_graphs
+    ... def double(t):
+    ...     return t * 2
+    >>> double(torch.ones(1))
+    tensor([2.])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from nbdist.errors import ContextError
+
+__all__ = [
+    "CompiledCollectiveError",
+    "ParameterInRunError",
+    "collective_between_graphs",
+    "eager_between_graphs",
+    "translate_compile_error",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Put in the reason Dynamo prints when it meets a collective it may not break the graph at.
+_COLLECTIVE_MARK = "nbdist collective"
+_COLLECTIVE_FIX = (
+    "compile the step without fullgraph=True (the collective then runs between two graphs), "
+    "or call the collective outside the compiled function"
+)
+
+
+class CompiledCollectiveError(ContextError):
+    """A replica-context collective (`all_reduce`, `all_gather`, `merge_call`), or a context
+    lookup (`get_replica_context`, `get_strategy`...), inside a `torch.compile` region that may
+    not break the graph (`fullgraph=True`).
+
+    Raised by every replica before any of them waits, so nothing hangs.
+    """
+
+
+class ParameterInRunError(ContextError):
+    """A module parameter created inside `strategy.run` of a strategy with several replicas
+    (compiled or not): each replica would get its own, never synchronised, parameter."""
+
+
+def eager_between_graphs(fn: F) -> F:
+    """Mark nbdist machinery that Dynamo must not trace: it runs eagerly between graphs.
+
+    Example:
+        >>> hook = eager_between_graphs(lambda grad: None)
+        >>> callable(hook)
+        True
+    """
+    return torch.compiler.disable(fn, reason="nbdist's gradient and optimizer hooks run eagerly")
+
+
+def collective_between_graphs(fn: F) -> F:
+    """Mark a replica-context collective: a graph break in a compiled step, refused where the
+    graph may not break (see `translate_compile_error`).
+
+    Example:
+        >>> all_reduce = collective_between_graphs(lambda op, value: value)
+        >>> all_reduce("sum", 1)
+        1
+    """
+    name = getattr(fn, "__qualname__", "a collective")
+    return torch.compiler.disable(fn, reason=f"{_COLLECTIVE_MARK} {name}: {_COLLECTIVE_FIX}")
+
+
+def translate_compile_error(error: BaseException, replica_id: int) -> BaseException:
+    """The error a replica raises: Dynamo's refusal of a collective becomes a
+    `CompiledCollectiveError` naming the fix; any other error is returned unchanged.
+
+    Example:
+        >>> err = translate_compile_error(ValueError("x"), 0)
+        >>> type(err).__name__
+        'ValueError'
+    """
+    text = str(error)
+    if not isinstance(error, RuntimeError) or _COLLECTIVE_MARK not in text:
+        return error
+    where = text.split(_COLLECTIVE_MARK, 1)[1].split(":", 1)[0].strip() or "a collective"
+    translated = CompiledCollectiveError(
+        f"Replica {replica_id}: {where} was called inside a torch.compile region compiled with "
+        f"fullgraph=True, where Dynamo may not break the graph to run it (nbdist's collectives "
+        f"and context lookups run between graphs). To fix it, {_COLLECTIVE_FIX}. Gradient "
+        f"averaging needs neither: it runs after backward."
+    )
+    translated.__cause__ = None
+    return translated
