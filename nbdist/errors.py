@@ -6,6 +6,9 @@ Imports nothing from nbdist.
 
 from __future__ import annotations
 
+import os
+import traceback as _traceback
+
 __all__ = [
     "ArgumentTypeError",
     "CheckpointError",
@@ -36,6 +39,38 @@ class NbdistError(Exception):
         ...     isinstance(err, TimeoutError)
         True
     """
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for this error in a notebook: the user's frames and the message,
+        without nbdist's own frames (they say nothing the message does not)."""
+        return user_traceback(self)
+
+
+_NBDIST_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def is_nbdist_file(filename: str) -> bool:
+    """True for a source file of the nbdist package (its frames are hidden from users)."""
+    return os.path.abspath(filename).startswith(_NBDIST_DIR + os.sep)
+
+
+def user_traceback(error: BaseException) -> list[str]:
+    """`error`'s traceback as lines, with every frame in nbdist's own modules left out.
+
+    Example:
+        >>> user_traceback(ValueError("bad"))
+        ['ValueError: bad']
+    """
+    frames = [
+        frame
+        for frame in _traceback.extract_tb(error.__traceback__)
+        if not is_nbdist_file(frame.filename)
+    ]
+    parts = (
+        ["Traceback (most recent call last):\n", *_traceback.format_list(frames)] if frames else []
+    )
+    parts += _traceback.format_exception_only(type(error), error)
+    return "".join(parts).rstrip("\n").split("\n")
 
 
 class StrategyMixingError(NbdistError, RuntimeError):

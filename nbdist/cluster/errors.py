@@ -7,6 +7,7 @@ Imports nothing from nbdist but `nbdist.errors`.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from nbdist.errors import NbdistError
 
@@ -20,6 +21,9 @@ __all__ = [
     "RemoteNameError",
     "SerializationError",
 ]
+
+_REPLICA_TAG = re.compile(r"\[replica \d+ of \d+\] ")
+"""The tag strategy.run puts before a replica's message; left out when grouping errors."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +67,9 @@ class RemoteError(NbdistError, RuntimeError):
     not merely a consequence of another's (a replica released from a collective because a peer
     failed is secondary), else the lowest replica's.
 
+    In a notebook (IPython's `_render_traceback_`) it shows only the remote tracebacks, one
+    per distinct error with the replicas that share it.
+
     Attributes:
         failures: `RemoteFailure` per failed replica, in replica order.
         replicas: The failed replica ids.
@@ -79,6 +86,11 @@ class RemoteError(NbdistError, RuntimeError):
         self.replicas: tuple[int, ...] = tuple(f.replica for f in ordered)
         self.first: RemoteFailure = (primary or ordered)[0]
         self.num_replicas = num_replicas
+        self.notes: tuple[str, ...] = tuple(notes)
+        self.headline = (
+            f"{len(ordered)} of {num_replicas} replica(s) failed in {what}: replica(s) "
+            f"{list(self.replicas)}."
+        )
         lines = [
             f"{len(ordered)} of {num_replicas} replica(s) failed in {what}: replica(s) "
             f"{list(self.replicas)}.",
@@ -93,6 +105,32 @@ class RemoteError(NbdistError, RuntimeError):
     def traceback(self) -> str:
         """The first failure's traceback text."""
         return self.first.traceback
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows in a notebook: the remote tracebacks only, one per distinct error
+        with the replicas that share it (`[replicas 0, 1] ZeroDivisionError: ...`), then the
+        notes; never the notebook-side frames of nbdist that raised this error."""
+        groups: dict[tuple[str, str, str], list[RemoteFailure]] = {}
+        for failure in self.failures:
+            key = (
+                failure.ename,
+                _REPLICA_TAG.sub("", failure.evalue),
+                _REPLICA_TAG.sub("", failure.traceback.strip()),
+            )
+            groups.setdefault(key, []).append(failure)
+        lines = [f"{type(self).__name__}: {self.headline}"]
+        for (ename, evalue, traceback), members in groups.items():
+            ids = ", ".join(str(f.replica) for f in members)
+            label = "replica" if len(members) == 1 else "replicas"
+            first_line = evalue.strip().splitlines()[0] if evalue.strip() else ""
+            lines.append("")
+            lines.append(f"[{label} {ids}] {ename}: {first_line}".rstrip(": "))
+            if traceback:
+                lines.extend(traceback.splitlines())
+        if self.notes:
+            lines.append("")
+            lines.extend(self.notes)
+        return lines
 
 
 class RemoteNameError(NbdistError, NameError):
