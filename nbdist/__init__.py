@@ -68,7 +68,7 @@ def dashboard(target=None):
     return _dashboard(target)
 
 
-__version__ = "0.1.0.dev0"  # keep equal to pyproject.toml (engines on other hosts are checked)
+__version__ = "0.1.0.dev0"  # the one place: pyproject.toml reads it (engines on hosts check it)
 
 __all__ = [
     "CentralStorageStrategy",
