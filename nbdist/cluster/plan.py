@@ -391,6 +391,39 @@ def _remote_plan(
     )
 
 
+MAX_ENGINES_PER_CORE = 4
+"""Local engines per CPU core beyond which `Cluster` refuses to start (the same as the CLI's)."""
+ENGINE_MEMORY_MB = 200
+"""The least resident memory one CPU engine takes (Python, torch, ipyparallel), in MiB."""
+
+
+def check_capacity(count: int, cores: int | None = None, memory_mb: int | None = None) -> None:
+    """Refuse, before anything starts, more local engines than this machine can hold: more
+    than `MAX_ENGINES_PER_CORE` per core, or more than its memory fits at `ENGINE_MEMORY_MB`
+    each. The message names the machine's capacity.
+
+    Example:
+        >>> check_capacity(10**6, cores=2, memory_mb=8192)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        nbdist.errors.InvalidArgumentError: n=1000000 local engines is more than ...
+    """
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    if memory_mb is None:
+        try:
+            memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+        except (ValueError, OSError, AttributeError):  # not a POSIX system: cores decide
+            memory_mb = 2**40
+    most = min(MAX_ENGINES_PER_CORE * cores, max(1, memory_mb // ENGINE_MEMORY_MB))
+    if count > most:
+        raise InvalidArgumentError(
+            f"n={count} local engines is more than this machine can hold ({cores} CPU cores, "
+            f"{memory_mb} MiB of memory; at most {most} engines: {MAX_ENGINES_PER_CORE} per "
+            f"core, about {ENGINE_MEMORY_MB} MiB each). Pass n={cores} (one per core) or "
+            "fewer, or spread the engines over machines with hosts=... ."
+        )
+
+
 def _finish(
     count: int,
     chosen: tuple[str, ...] | None,
@@ -403,6 +436,8 @@ def _finish(
     gpus: Any,
     required: bool,
 ) -> LaunchPlan:
+    if launcher == "local" and hosts is None:
+        check_capacity(count)
     if BACKENDS[backend] is CommunicationImplementation.NCCL and mode == "none":
         where = "gpus='none' asks for CPU engines" if gpus is not None else "no GPU is visible"
         raise InvalidArgumentError(

@@ -8,6 +8,7 @@ given to every replica. Imports nbdist.input.errors only.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,34 @@ import torch
 from nbdist._private_api import pytree
 from nbdist.input.errors import InputError, InputTypeError
 
-__all__ = ["Batch", "empty_like", "split_batch"]
+__all__ = ["Batch", "EmptyReplicaBatchWarning", "empty_like", "split_batch", "warn_if_empty"]
+
+
+class EmptyReplicaBatchWarning(UserWarning):
+    """A global batch had too few examples to give every replica one (TensorFlow's rule: the
+    last replicas get empty batches). A mean over an empty batch is `nan`; this warning says
+    so instead of letting a `nan` loss pass silently."""
+
+
+def warn_if_empty(bounds: list[tuple[int, int]], where: str) -> None:
+    """Warn (`EmptyReplicaBatchWarning`, once per place as Python does) when a non-empty global
+    batch split as `bounds` leaves some replica with no example, naming the replicas and the fix.
+
+    Example:
+        >>> warn_if_empty(split_batch(4, 2), "batch 0")  # every replica has rows: silent
+    """
+    rows = bounds[-1][1] - bounds[0][0] if bounds else 0
+    empty = [replica for replica, (start, stop) in enumerate(bounds) if stop == start]
+    if rows and empty:
+        warnings.warn(
+            f"{where} has {rows} example(s) for {len(bounds)} replicas, so replica(s) {empty} "
+            "get an empty batch (TensorFlow's partial-batch rule); a mean over an empty batch "
+            "is nan. Average per-example losses over the global batch (strategy.reduce(MEAN, "
+            "per_example_loss, axis=0), or sum / global batch size), or drop the last partial "
+            "batch (DataLoader(..., drop_last=True)).",
+            EmptyReplicaBatchWarning,
+            stacklevel=3,
+        )
 
 _PLAIN_LEAVES = (int, float, complex, bool, str, bytes, np.generic)
 

@@ -29,7 +29,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from nbdist.input.batches import Batch, empty_like, split_batch
+from nbdist.input.batches import Batch, empty_like, split_batch, warn_if_empty
 from nbdist.input.errors import InputError
 from nbdist.input.position import Position, Resume, skip_global_batches
 
@@ -94,6 +94,7 @@ class WorkerBatchSampler(Sampler[list[int]]):
             indices = list(batch)
             rows.append(len(indices))
             split = split_batch(len(indices), self._total)
+            warn_if_empty(split, f"Batch {len(rows) - 1} of the dataset")
             bounds = [split[r] for r in self._replica_ids]
             sizes = tuple(stop - start for start, stop in bounds)
             start, stop = bounds[0][0], bounds[-1][1]

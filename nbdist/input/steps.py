@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nbdist._private_api import pytree
-from nbdist.input.batches import Batch, empty_like, split_batch
+from nbdist.input.batches import Batch, empty_like, split_batch, warn_if_empty
 from nbdist.input.errors import InputError, InputExhaustedError
 from nbdist.input.position import Position, Resume, skip_global_batches
 
@@ -52,6 +52,7 @@ def split_steps(
             yield [batch.whole()] * len(replica_ids)
             continue
         bounds = split_batch(batch.rows, total)
+        warn_if_empty(bounds, f"Batch {index} of the dataset")
         yield [batch.take(*bounds[replica]) for replica in replica_ids]
 
 
