@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from nbdist.errors import CollectiveMismatchError, CollectiveTimeoutError, ReplicaReleasedError
 from nbdist.telemetry import Telemetry
 
@@ -21,7 +23,10 @@ __all__ = ["LocalGroup"]
 
 
 class _Slot:
-    __slots__ = ("arrivals", "error", "kind", "payloads", "picked", "ready_at", "shared", "state")
+    __slots__ = (
+        "arrivals", "done_event", "error", "events", "kind", "payloads", "picked", "ready_at",
+        "shared", "state",
+    )  # fmt: skip
 
     def __init__(self, kind: str, size: int):
         self.kind = kind
@@ -32,6 +37,30 @@ class _Slot:
         self.error: BaseException | None = None
         self.picked = 0
         self.ready_at = 0.0
+        # CUDA only: each replica's event on its stream when it arrived, and the combiner's
+        # event after combining (see Note [Streams in an exchange]).
+        self.events: list[Any] = [None] * size
+        self.done_event: Any = None
+
+
+def _producer_event() -> Any:
+    """An event on this thread's current CUDA stream, or None when CUDA is not in use.
+
+    Note [Streams in an exchange]: each replica of an in-process strategy computes on its own
+    CUDA stream. A tensor a replica hands to an exchange may still be being written on that
+    stream, so the replica that combines (on another stream) first waits for every producer's
+    event; each replica then waits for the combiner's event before using the shared result.
+    """
+    if not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_stream().record_event()
+
+
+def _wait_for(events: list[Any]) -> None:
+    """Make this thread's current CUDA stream wait for each event (None: nothing to wait for)."""
+    for event in events:
+        if event is not None:
+            torch.cuda.current_stream().wait_event(event)
 
 
 class LocalGroup:
@@ -130,6 +159,7 @@ class LocalGroup:
                 self._cond.notify_all()
                 raise slot.error
             slot.payloads[replica] = payload
+            slot.events[replica] = _producer_event()
             slot.arrivals[replica] = time.perf_counter()
             if all(a is not None for a in slot.arrivals):
                 slot.state = "combining"
@@ -139,7 +169,9 @@ class LocalGroup:
                 self._wait(slot, index, replica, deadline, timeout)
         if combining:
             try:
+                _wait_for(slot.events)
                 shared = combine(slot.payloads)
+                slot.done_event = _producer_event() if any(slot.events) else None
             except BaseException as error:
                 with self._cond:
                     slot.state, slot.error = "failed", error
@@ -153,6 +185,7 @@ class LocalGroup:
             self._record(slot, kind, nbytes, implementation)
         if slot.state == "failed":
             raise slot.error  # type: ignore[misc]
+        _wait_for([slot.done_event])
         result = slot.shared if finish is None else finish(slot.shared, replica)
         with self._cond:
             slot.picked += 1

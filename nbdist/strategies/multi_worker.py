@@ -33,6 +33,7 @@ from nbdist.errors import (
     InvalidArgumentError,
 )
 from nbdist.reduce import ReduceOp
+from nbdist.strategies._compiled import translate_compile_error
 from nbdist.strategies._grad_buckets import GradientBuckets
 from nbdist.strategies.base import ReplicaContext, Strategy
 from nbdist.values import DistributedValues
@@ -266,6 +267,11 @@ class MultiWorkerMirroredStrategy(Strategy):
                     return fn(*select_replica(0, args), **select_replica(0, kwargs))
             return fn(*select_replica(0, args), **select_replica(0, kwargs))
         except BaseException as error:
+            translated = translate_compile_error(error, self._worker_index)
+            if translated is not error:
+                # Refused while compiling, before any collective: every worker raises it alike
+                # and the group stays healthy.
+                raise translated from None
             if self._group is not None and not isinstance(
                 error, (KeyboardInterrupt, CollectiveMismatchError)
             ):
