@@ -17,9 +17,11 @@ __all__ = [
     "ClusterConfigError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "CompiledCollectiveError",
     "ContextError",
     "InvalidArgumentError",
     "NbdistError",
+    "ParameterInRunError",
     "RendezvousError",
     "ReplicaReleasedError",
     "StrategyMixingError",
@@ -156,3 +158,15 @@ class ArgumentTypeError(NbdistError, TypeError):
 class ContextError(NbdistError, RuntimeError):
     """A call made where it cannot work: inside `strategy.run` where cross-replica context is
     needed, a nested `run`, a variable created inside `run`; the message says where to call it."""
+
+
+class CompiledCollectiveError(ContextError):
+    """A replica-context collective (`all_reduce`, `all_gather`, `merge_call`), or a context
+    lookup (`get_replica_context`, `get_strategy`...), inside a `torch.compile` region that may
+    not break the graph (`fullgraph=True`). Raised by every replica before any of them waits,
+    so nothing hangs (docs/compile.md)."""
+
+
+class ParameterInRunError(ContextError):
+    """A module parameter created inside `strategy.run` of a strategy with several replicas
+    (compiled or not): each replica would get its own, never synchronised, parameter."""

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from nbdist.errors import ContextError
+from nbdist.errors import CompiledCollectiveError, ParameterInRunError
 
 __all__ = [
     "CompiledCollectiveError",
@@ -45,20 +45,6 @@ _COLLECTIVE_FIX = (
     "compile the step without fullgraph=True (the collective then runs between two graphs), "
     "or call the collective outside the compiled function"
 )
-
-
-class CompiledCollectiveError(ContextError):
-    """A replica-context collective (`all_reduce`, `all_gather`, `merge_call`), or a context
-    lookup (`get_replica_context`, `get_strategy`...), inside a `torch.compile` region that may
-    not break the graph (`fullgraph=True`).
-
-    Raised by every replica before any of them waits, so nothing hangs.
-    """
-
-
-class ParameterInRunError(ContextError):
-    """A module parameter created inside `strategy.run` of a strategy with several replicas
-    (compiled or not): each replica would get its own, never synchronised, parameter."""
 
 
 def eager_between_graphs(fn: F) -> F:

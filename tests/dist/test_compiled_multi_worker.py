@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 torch.set_num_threads(1)
 import nbdist as nd
-from nbdist.strategies._compiled import CompiledCollectiveError
+from nbdist.errors import CompiledCollectiveError
 
 strategy = nd.MultiWorkerMirroredStrategy()
 rank = strategy.cluster_resolver.task_id

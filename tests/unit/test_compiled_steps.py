@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist.strategies._compiled import CompiledCollectiveError, ParameterInRunError
+from nbdist.errors import CompiledCollectiveError, ParameterInRunError
 from nbdist.strategies._replicas import iterate_components
 
 TWO = ["cpu:0", "cpu:1"]
@@ -28,9 +28,9 @@ STRATEGIES = [
 
 @pytest.fixture(autouse=True)
 def fresh_compile_caches():
-    torch._dynamo.reset()
+    torch.compiler.reset()
     yield
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 def batches():
