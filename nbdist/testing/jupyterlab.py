@@ -271,6 +271,13 @@ class LabPage:
         """Run every cell of the notebook (returns at once; wait for output afterwards)."""
         self.command("notebook:run-all-cells")
 
+    def run_cell(self, index: int, *, below: bool = False) -> None:
+        """Run cell `index` (0-based); with `below`, that cell and every one after it."""
+        self.page.evaluate(
+            "(i) => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = i; }", index
+        )
+        self.command("notebook:run-all-below" if below else "notebook:run-cell")
+
     def wait_for_text(self, text: str, timeout: float = 120.0) -> None:
         """Wait until `text` is visible anywhere in the notebook's outputs."""
         self.page.get_by_text(text, exact=False).first.wait_for(

@@ -79,7 +79,10 @@ class ReductionsView:
     title = "Reductions"
 
     def __init__(self) -> None:
-        self.widget = ipywidgets.Image(format="png")
+        self.image = ipywidgets.Image(format="png")
+        self.caption = ipywidgets.HTML()
+        self.caption.add_class("nd-reductions-caption")
+        self.widget = ipywidgets.VBox([self.caption, self.image])
         self.key: Any = None
         self.straggler: int | None = None
         self.count = 0
@@ -94,5 +97,9 @@ class ReductionsView:
         self.straggler = straggler(records, _WINDOW)
         fig = new_figure(9, 5.5)
         draw_reductions(fig, data)
-        self.widget.value = png_bytes(fig)
+        self.image.value = png_bytes(fig)
+        late = f"replica {self.straggler}" if self.straggler is not None else "none"
+        self.caption.value = (
+            f"<span class='nd-count'>{self.count}</span> collectives · straggler: {late}"
+        )
         return True

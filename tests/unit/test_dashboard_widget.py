@@ -63,12 +63,13 @@ def test_views_show_two_replicas_records_curves_and_placement(trained):
     held = sum(r["bytes"] for r in data["holdings"][0] if r["kind"] == "parameters")
     assert held == sum(p.numel() * p.element_size() for p in model.parameters())
     assert "model" in board.placement.widget.value
-    assert len(board.reductions.widget.value) > 10_000  # a PNG was drawn
+    assert len(board.reductions.image.value) > 10_000  # a PNG was drawn
 
 
 def test_straggler_on_purpose_is_named(trained):
     _, _, board = trained
     assert board.reductions.straggler == 1
+    assert "straggler: replica 1" in board.reductions.caption.value
     assert board.reductions.key is not None
 
 
