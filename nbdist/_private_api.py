@@ -34,6 +34,7 @@ __all__ = [
     "launcher_has_exited",
     "pytree",
     "queue_backward_callback",
+    "stop_noting_engine",
     "tensor_version",
     "thread_frames",
 ]
@@ -53,6 +54,8 @@ PRIVATE_NAMES: dict[str, str] = {
     "torch.distributed?); threading and faulthandler give no frame objects",
     "ipyparallel launcher._wait_thread": "whether a launcher's process has exited while "
     "ipyparallel's event loop is not running (its public state changes only on that loop)",
+    "ipyparallel IPEngine._signal_stop": "the engine's SIGTERM handler: the only place that "
+    "knows the engine is being stopped on purpose, so that a normal stop can exit 0",
 }
 
 
@@ -85,6 +88,20 @@ def launcher_has_exited(launcher: Any) -> bool:
     (local processes, mpiexec, engines watched over ssh); False where there is none."""
     thread = getattr(launcher, "_wait_thread", None)
     return thread is not None and not thread.is_alive()
+
+
+def stop_noting_engine(engine_class: type) -> type:
+    """A subclass of ipyparallel's `IPEngine` whose class attribute `stopping` turns True when
+    the engine is asked to stop (SIGTERM), through `IPEngine._signal_stop`, its handler."""
+
+    class Engine(engine_class):  # type: ignore[misc, valid-type]
+        stopping = False
+
+        def _signal_stop(self, sig: int, frame: Any) -> None:
+            Engine.stopping = True
+            super()._signal_stop(sig, frame)
+
+    return Engine
 
 
 FOREACH_OPS = ("add", "add_", "copy_", "div_", "maximum", "minimum", "mul", "mul_")

@@ -7,12 +7,19 @@ before the controller and wait for its connection file) instead of following reg
 also fails early, with ipyparallel's output showing why, where nbdist is not installed for the
 engine's Python (a remote host's `remote_python`).
 
+A normal stop (SIGTERM from `Cluster.stop`) exits with status 0: ipyparallel's engine stops its
+event loop from the signal handler, which makes tornado's `run_sync` raise "Event loop stopped
+before Future completed" (exit status 1, and a traceback in the engine's log that `%dist stop`
+would show). Any other way out keeps its status.
+
 It also starts `watch_parent` first, so the engine stops when the process that started it
 dies. (The engine writes none of the cluster's files, so the user's umask stays: files a cell
 writes get the usual modes.)
 """
 
 from __future__ import annotations
+
+import sys
 
 
 def main() -> None:
@@ -21,11 +28,19 @@ def main() -> None:
 
     watch_parent()
     import torch  # noqa: F401  (the expensive import, done before registering)
-    from ipyparallel.engine.app import main as engine_main
+    from ipyparallel.engine.app import IPEngine
 
     import nbdist.cluster._engine_side  # noqa: F401
+    from nbdist._private_api import stop_noting_engine
 
-    engine_main()
+    Engine = stop_noting_engine(IPEngine)
+    try:
+        Engine.launch_instance()
+    except RuntimeError:
+        if not Engine.stopping:
+            raise
+    if Engine.stopping:
+        sys.exit(0)
 
 
 if __name__ == "__main__":

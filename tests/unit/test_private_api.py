@@ -19,7 +19,7 @@ def test_every_listed_name_is_checked_here():
         "torch.utils._pytree", "torch.Tensor._version", "sys._current_frames",
         "torch._foreach_add/_add_/_div_/_mul/_mul_/_maximum/_minimum/_copy_",
         "torch.autograd.Variable._execution_engine.queue_callback",
-        "ipyparallel launcher._wait_thread",
+        "ipyparallel launcher._wait_thread", "ipyparallel IPEngine._signal_stop",
     }  # fmt: skip
     assert set(private.PRIVATE_NAMES) == checked, "a private name was added without a check"
 
@@ -111,3 +111,10 @@ def test_ipyparallel_launchers_keep_their_wait_thread():
     done.join(30)
     Launcher._wait_thread = done
     assert private.launcher_has_exited(Launcher()) is True
+
+
+def test_ipyparallel_engine_keeps_its_sigterm_handler():
+    app = pytest.importorskip("ipyparallel.engine.app")
+    assert "_signal_stop" in dir(app.IPEngine), "ipyparallel IPEngine._signal_stop is gone"
+    engine = private.stop_noting_engine(app.IPEngine)
+    assert issubclass(engine, app.IPEngine) and engine.stopping is False
