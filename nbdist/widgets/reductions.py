@@ -58,19 +58,20 @@ def draw_reductions(fig: Any, data: dict) -> None:
     if by_op:
         bandwidth.set_xscale("log")
         bandwidth.set_yscale("log")
-        bandwidth.legend(fontsize=7)
+        bandwidth.legend(fontsize=7, loc="upper left")
     bandwidth.set_xlabel("message bytes")
     bandwidth.set_ylabel("MB/s")
     split = step_split(data["steps"][-_TIMELINE:], records[-4 * _TIMELINE :])
     xs = range(len(split))
     comm = [c * 1e3 for _, _, c in split]
     compute = [(d - c) * 1e3 for _, d, c in split]
-    steps.bar(xs, compute, color="#2a9d8f", label="compute", width=1.0)
-    steps.bar(xs, comm, bottom=compute, color="#f4a261", label="communication", width=1.0)
+    if split:
+        steps.stackplot(list(xs), compute, comm, colors=["#2a9d8f", "#f4a261"],
+                        labels=["compute", "communication"])  # fmt: skip
     steps.set_xlabel("step")
     steps.set_ylabel("ms")
     if split:
-        steps.legend(fontsize=7)
+        steps.legend(fontsize=7, loc="upper right")
 
 
 class ReductionsView:

@@ -58,7 +58,7 @@ def draw_training(fig: Any, data: dict) -> None:
         flag = "  ⚠ replicas diverge" if _diverged(per_replica) else ""
         ax.set_title(f"{name}{flag}", fontsize=9, color="#e63946" if flag else "black")
         ax.set_xlabel("step")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"{steps_per_second(data['metrics']):.1f} steps/s", fontsize=9)
 
 
