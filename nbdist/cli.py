@@ -121,6 +121,11 @@ def _demo(args: argparse.Namespace) -> int:
 
             run_demo(engines, args.epochs, folder, seed=args.seed, progress=args.progress)
     except KeyboardInterrupt:
+        # A Ctrl-C during start also lands in ipyparallel's controller-start task; asyncio
+        # would print that task's traceback at exit, after the engines are already stopped.
+        import logging
+
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         print("nbdist demo: interrupted; the engines were stopped", file=sys.stderr)
         return 130
     except (DemoError, NbdistError, OSError) as error:

@@ -30,7 +30,7 @@ from nbdist.errors import NbdistError
 __all__ = ["DemoError", "check_out_dir", "run_demo"]
 
 _CALL_TIMEOUT_S = 300
-_STEPS_PER_CALL = 4  # steps per round trip: the bar moves often, the notebook stays out of the loop
+_STEPS_PER_CALL = 12  # steps per round trip: the bar moves twice an epoch
 
 
 class DemoError(NbdistError, RuntimeError):
