@@ -12,7 +12,8 @@ __all__ = ["new_figure", "png_bytes"]
 
 def new_figure(width: float, height: float, dpi: int = 80) -> Figure:
     """A Figure with its own Agg canvas."""
-    fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+    fig = Figure(figsize=(width, height), dpi=dpi)
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.1, top=0.92, hspace=0.45, wspace=0.3)
     FigureCanvasAgg(fig)
     return fig
 

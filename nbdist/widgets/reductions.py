@@ -14,6 +14,7 @@ __all__ = ["ReductionsView", "draw_reductions"]
 
 _TIMELINE = 200  # newest collectives drawn on the timeline
 _WINDOW = 500  # collectives the blame is computed over
+_SCATTER = 1_000  # newest collectives on the bandwidth chart
 
 
 def draw_reductions(fig: Any, data: dict) -> None:
@@ -48,7 +49,7 @@ def draw_reductions(fig: Any, data: dict) -> None:
         f"straggler: replica {late}" if late is not None else "no straggler", fontsize=9
     )
     by_op: dict[str, tuple[list, list]] = {}
-    for op, nbytes, _, _, _, duration, _ in records:
+    for op, nbytes, _, _, _, duration, _ in records[-_SCATTER:]:
         if duration > 0 and nbytes > 0:
             xs, ys = by_op.setdefault(op, ([], []))
             xs.append(nbytes)
