@@ -32,6 +32,7 @@ from nbdist.errors import CompiledCollectiveError, ParameterInRunError
 __all__ = [
     "CompiledCollectiveError",
     "ParameterInRunError",
+    "clear_gradients_eagerly",
     "collective_between_graphs",
     "eager_between_graphs",
     "translate_compile_error",
@@ -69,6 +70,39 @@ def collective_between_graphs(fn: F) -> F:
     """
     name = getattr(fn, "__qualname__", "a collective")
     return torch.compiler.disable(fn, reason=f"{_COLLECTIVE_MARK} {name}: {_COLLECTIVE_FIX}")
+
+
+class _EagerZeroGrad:
+    """`module.zero_grad` that Dynamo calls between graphs instead of tracing.
+
+    Traced, `Module.zero_grad`'s `if p.grad is not None` reads the module's own tensors, not the
+    replica's (Note [Replica views] in `_replicas.py`), so on the other replicas of an in-process
+    strategy gradients were sometimes left in place and accumulated. Run eagerly, the replica
+    view swaps every `p.grad` for the replica's own. An object, not a bound method, so that
+    `copy.deepcopy(model)` gives the copy a `zero_grad` of its own.
+    """
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    @eager_between_graphs
+    def __call__(self, set_to_none: bool = True) -> None:
+        type(self.module).zero_grad(self.module, set_to_none)
+
+
+def clear_gradients_eagerly(module: torch.nn.Module) -> None:
+    """Give `module` (created in an in-process strategy's scope) a `zero_grad` that runs
+    between graphs when a compiled step calls it.
+
+    Example:
+        >>> layer = torch.nn.Linear(2, 1)
+        >>> clear_gradients_eagerly(layer)
+        >>> layer.zero_grad()
+        >>> layer.weight.grad is None
+        True
+    """
+    if "zero_grad" not in module.__dict__ and type(module).zero_grad is torch.nn.Module.zero_grad:
+        module.__dict__["zero_grad"] = _EagerZeroGrad(module)
 
 
 def translate_compile_error(error: BaseException, replica_id: int) -> BaseException:

@@ -32,6 +32,7 @@ from nbdist.errors import (
 from nbdist.reduce import ReduceOp
 from nbdist.strategies._compiled import (
     ParameterInRunError,
+    clear_gradients_eagerly,
     eager_between_graphs,
     translate_compile_error,
 )
@@ -94,6 +95,7 @@ class LocalStrategy(Strategy):
         handles = [
             register.register_module_parameter_registration_hook(self._on_registration),
             register.register_module_buffer_registration_hook(self._on_registration),
+            register.register_module_module_registration_hook(self._on_registration),
         ]
         try:
             with self._default_device(self._parameter_devices[0]):
@@ -110,7 +112,11 @@ class LocalStrategy(Strategy):
             and context.current_scope_strategy() is self
             and context.current_replica_context() is None
         ):
-            self._replicas.capture(tensor, sync_gradients=self._sync_gradients)
+            # A compiled step must not trace zero_grad (docs/compile.md); submodules come here
+            # too, so a model built of layers gets it on every level.
+            clear_gradients_eagerly(module)
+            if isinstance(tensor, torch.Tensor):
+                self._replicas.capture(tensor, sync_gradients=self._sync_gradients)
 
     @contextlib.contextmanager
     def _default_device(self, device: str) -> Iterator[None]:

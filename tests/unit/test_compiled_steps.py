@@ -215,3 +215,31 @@ def test_a_step_that_creates_parameters_is_refused(compiled):
         layer = torch.nn.Linear(2, 2)
     out = strategy.run(lambda x: layer(x).sum(), args=(torch.ones(1, 2),))
     assert len(strategy.experimental_local_results(out)) == 2
+
+
+@pytest.mark.parametrize(
+    "make_strategy",
+    [
+        pytest.param(lambda: nd.MirroredStrategy(TWO), id="mirrored"),
+        pytest.param(lambda: nd.CentralStorageStrategy(TWO), id="central_storage"),
+    ],
+)
+def test_model_zero_grad_in_a_compiled_step_clears_every_replica(make_strategy):
+    # Traced, Module.zero_grad read replica 0's gradients on every replica, so the others kept
+    # theirs every other step and the averaged gradient grew (4, 4, 6, 4 here).
+    strategy = make_strategy()
+    with strategy.scope():
+        model = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
+    torch.nn.init.ones_(model[0].weight)
+
+    def step(x):
+        model.zero_grad()
+        model(x).sum().backward()
+        return model[0].weight.grad.clone()
+
+    compiled = torch.compile(step, backend="aot_eager")
+    x = torch.ones(4, 2)
+    for _ in range(4):
+        grads = strategy.experimental_local_results(strategy.run(compiled, args=(x,)))
+        for grad in grads:
+            assert grad.tolist() == [[4.0, 4.0]]  # 4 rows of ones, summed
