@@ -540,11 +540,12 @@ class Cluster:
             # Engines first, while the controller still listens: each engine's nanny tells
             # the controller its engine left and exits at once (with the controller gone it
             # would wait 3 s for the message to go out).
-            for step in (self._ipp.stop_engines_sync, self._ipp.stop_controller_sync):
-                try:
-                    step()
-                except Exception as error:  # keep going: the processes are reaped below
-                    _LOG.warning("ipyparallel could not stop the cluster cleanly: %s", error)
+            with _quiet_stop_log(self._ipp):
+                for step in (self._ipp.stop_engines_sync, self._ipp.stop_controller_sync):
+                    try:
+                        step()
+                    except Exception as error:  # keep going: the processes are reaped below
+                        _LOG.warning("ipyparallel could not stop the cluster cleanly: %s", error)
         self._processes.reap(min(self._plan.timeout, KILL_GRACE_S))
         self._ipp = None
         self._client = None
@@ -595,3 +596,25 @@ def _register_atexit() -> None:
 
 def _cores() -> int:
     return _engine_side._cores()
+
+
+@contextlib.contextmanager
+def _quiet_stop_log(ipp_cluster: Any) -> Any:
+    """Keep ipyparallel from printing a process's whole log while the cluster is being stopped.
+
+    On a busy machine the controller can take longer to exit than ipyparallel waits; it then
+    reports a non-zero exit and dumps the controller's log under `%dist stop`'s one line. A
+    stop the user asked for is not a crash: its messages stay at ERROR and above. An engine
+    that crashes while the cluster runs is still reported, with its output, as before.
+    """
+    log = getattr(ipp_cluster, "log", None)
+    logger = getattr(log, "logger", log)
+    if not isinstance(logger, logging.Logger):
+        yield
+        return
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -94,5 +94,6 @@ def test_failing_interrupted_and_stop_cells_show_no_nbdist_frames(tmp_path):
         _shoot(page, tmp_path, "error-dist-stop")
         _assert_clean(stopped)
         assert "Event loop stopped" not in stopped
+        assert "Output for" not in stopped  # no process's log under the one line
         print(failing, interrupted, stopped, sep="\n----\n")
     assert_processes_gone(started, deadline_s=30)

@@ -95,5 +95,6 @@ def test_dist_stop_prints_one_line_and_engines_exit_0(notebook):
     # A normal stop: no engine log, no "Event loop stopped before Future completed", exit 0
     # (ipyparallel shows the engines' logs only when one exits with another status).
     assert "Event loop stopped" not in text and "'exit_code': 1" not in text
-    if "SIGKILL" not in text:  # an engine too slow to stop in 5 s (a loaded machine) is killed
-        assert text.strip().splitlines() == ["Cluster stopped: no engine is left."]
+    # Also when a process too slow to stop in 5 s (a loaded machine) is killed: a stop the
+    # user asked for prints no process's log.
+    assert text.strip().splitlines() == ["Cluster stopped: no engine is left."]
