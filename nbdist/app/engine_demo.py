@@ -92,7 +92,7 @@ def run_demo(
         say(f"{engines} engines joined one process group ({_backend(cluster)}) "
             f"in {timings['start']:.1f} s")  # fmt: skip
         metrics = _train(cluster, epochs, seed, progress, say, timings)
-        _picture(folder / "dashboard.png", cluster)
+        metrics["bytes_held"] = _picture(folder / "dashboard.png", cluster)
         metrics["dashboard"] = str((folder / "dashboard.png").resolve())
     finally:
         stopping = time.perf_counter()
@@ -127,7 +127,8 @@ def _train(cluster, epochs, seed, progress, say, timings) -> dict[str, Any]:
     strategy = cluster.strategy
     first = cluster.client[cluster.engines[0].id]
     _on_engines(cluster, "import nbdist.app.training as _nbdist_demo\n"
-                f"_nbdist_demo_sizes = _nbdist_demo.setup(strategy, seed={int(seed)})")  # fmt: skip
+                f"_nbdist_demo_sizes = _nbdist_demo.setup(strategy, seed={int(seed)})\n"
+                "digits_cnn = _nbdist_demo.trained_model()")  # fmt: skip
     sizes = strategy.experimental_local_results(cluster.pull("_nbdist_demo_sizes"))[0]
     steps = sizes["steps_per_epoch"]
     say(f"training a CNN on the digits ({sizes['train']} training / {sizes['test']} test "
@@ -181,13 +182,15 @@ def _train(cluster, epochs, seed, progress, say, timings) -> dict[str, Any]:
     }
 
 
-def _picture(path: Path, cluster: Any) -> None:
-    """The dashboard's four views (placement, reductions, training, engines) as one PNG."""
+def _picture(path: Path, cluster: Any) -> dict[int, int]:
+    """The dashboard's four views (placement, reductions, training, engines) as one PNG; returns
+    the bytes of parameters and buffers each replica holds, as the placement view shows them."""
     from nbdist.widgets.dashboard import Dashboard
 
     board = Dashboard(cluster, live=False)
     try:
-        board.refresh()
+        data = board.refresh()
         board.save(path)
     finally:
         board.close()
+    return {int(r): sum(item["bytes"] for item in items) for r, items in data["holdings"].items()}

@@ -64,6 +64,12 @@ def test_demo_trains_on_engines_and_writes_its_folder(tmp_path):
     assert metrics["epoch_losses"][-1] < metrics["epoch_losses"][0]
     assert set(metrics["timings"]) >= {"start", "first_step", "training", "stop", "total"}
     assert (out / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the placement view counts the CNN's parameters and buffers on each replica
+    from nbdist.app.training import build_model
+
+    cnn = build_model()
+    size = sum(t.numel() * t.element_size() for t in [*cnn.parameters(), *cnn.buffers()])
+    assert metrics["bytes_held"] == {"0": size, "1": size}
     assert "Traceback" not in done.stderr
 
 
