@@ -4,7 +4,7 @@
 The whole public API is listed here.
 """
 
-from nbdist import checkpoint, cluster_resolver, experimental
+from nbdist import checkpoint, cluster_resolver, errors, experimental
 from nbdist._extension import load_ipython_extension, unload_ipython_extension
 from nbdist.cluster import Cluster, RemoteError, remote
 from nbdist.cluster_resolver import ClusterSpec
@@ -19,6 +19,7 @@ from nbdist.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
     NbdistError,
+    PSUnavailableError,
     RendezvousError,
     ReplicaReleasedError,
     StrategyMixingError,
@@ -38,7 +39,9 @@ from nbdist.strategies import (
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
+    ParameterServerStrategy,
     ReplicaContext,
+    Server,
     Strategy,
     StrategyExtended,
 )
@@ -92,6 +95,8 @@ __all__ = [
     "NbdistError",
     "NcclAllReduce",
     "OneDeviceStrategy",
+    "PSUnavailableError",
+    "ParameterServerStrategy",
     "PerReplica",
     "ReduceOp",
     "ReductionToOneDevice",
@@ -99,6 +104,7 @@ __all__ = [
     "RendezvousError",
     "ReplicaContext",
     "ReplicaReleasedError",
+    "Server",
     "Strategy",
     "StrategyExtended",
     "StrategyMixingError",
@@ -110,6 +116,7 @@ __all__ = [
     "checkpoint",
     "cluster_resolver",
     "dashboard",
+    "errors",
     "experimental",
     "experimental_set_strategy",
     "get_loss_reduction",

@@ -11,6 +11,7 @@ import traceback as _traceback
 
 __all__ = [
     "ArgumentTypeError",
+    "CancelledError",
     "CheckpointError",
     "CheckpointMismatchError",
     "CheckpointTypeError",
@@ -21,6 +22,7 @@ __all__ = [
     "ContextError",
     "InvalidArgumentError",
     "NbdistError",
+    "PSUnavailableError",
     "ParameterInRunError",
     "RendezvousError",
     "ReplicaReleasedError",
@@ -170,3 +172,29 @@ class CompiledCollectiveError(ContextError):
 class ParameterInRunError(ContextError):
     """A module parameter created inside `strategy.run` of a strategy with several replicas
     (compiled or not): each replica would get its own, never synchronised, parameter."""
+
+
+class PSUnavailableError(NbdistError, RuntimeError):
+    """A parameter-server task of a `ParameterServerStrategy` died or stopped answering.
+
+    `ps` is the index of the ps task (`/job:ps/task:<ps>`), `address` where it listened. The
+    variables it held are gone with it: restart the ps task, then restore the variables from a
+    checkpoint (docs/parameter-server.md).
+    """
+
+    def __init__(self, message: str, *, ps: int | None = None, address: str | None = None):
+        super().__init__(message)
+        self.ps = ps
+        self.address = address
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild_ps_error, (str(self), self.ps, self.address))
+
+
+def _rebuild_ps_error(message: str, ps: int | None, address: str | None) -> PSUnavailableError:
+    return PSUnavailableError(message, ps=ps, address=address)
+
+
+class CancelledError(NbdistError, RuntimeError):
+    """A function scheduled on a `ClusterCoordinator` was cancelled, not run, because an earlier
+    function failed; schedule it again."""

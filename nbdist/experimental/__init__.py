@@ -1,9 +1,11 @@
 """TensorFlow's `tf.distribute.experimental` names."""
 
 from nbdist.communication import CommunicationImplementation, CommunicationOptions
+from nbdist.experimental import coordinator, partitioners
 from nbdist.input import ValueContext
 from nbdist.strategies.central_storage import CentralStorageStrategy
 from nbdist.strategies.multi_worker import MultiWorkerMirroredStrategy
+from nbdist.strategies.parameter_server import ParameterServerStrategy
 
 CollectiveCommunication = CommunicationImplementation
 
@@ -13,5 +15,8 @@ __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
+    "ParameterServerStrategy",
     "ValueContext",
+    "coordinator",
+    "partitioners",
 ]

@@ -5,6 +5,7 @@ from nbdist.strategies.central_storage import CentralStorageStrategy
 from nbdist.strategies.mirrored import MirroredStrategy
 from nbdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 from nbdist.strategies.one_device import DefaultStrategy, OneDeviceStrategy
+from nbdist.strategies.parameter_server import ParameterServerStrategy, Server
 
 __all__ = [
     "CentralStorageStrategy",
@@ -12,7 +13,9 @@ __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
+    "ParameterServerStrategy",
     "ReplicaContext",
+    "Server",
     "Strategy",
     "StrategyExtended",
 ]

@@ -1,0 +1,166 @@
+"""A ps task: holds variables (or shards) and serves reads and updates to its clients.
+
+`PSTask(host, port).start()` runs a `TCPStore` on `host:port` and a thread that forms a gloo
+pair (`transport.form_pair`) with every client that announces itself, then one thread per
+client. Variables are replaced, never changed in place: a read sends the tensors current when
+it arrived, and an update (`add`, `assign`) is applied under a lock only once its whole
+message has arrived, so a client killed mid-message changes nothing.
+
+Example::
+
+    task = PSTask("127.0.0.1", 0).start()     # port 0: any free port, see task.port
+    task.stop()
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import sys
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nbdist.errors import InvalidArgumentError
+from nbdist.strategies.parameter_server.transport import _ANNOUNCE, form_pair
+
+__all__ = ["PSTask"]
+
+
+class PSTask:
+    """The variables of one ps task and the threads serving them."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, timeout: float = 300.0):
+        self.host = host
+        self._port = port
+        self._timeout = timeout
+        self._variables: dict[int, torch.Tensor] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._store: Any = None
+        self._thread: threading.Thread | None = None
+        self.sessions = 0
+        self._live: set[int] = set()
+        self.updates = 0
+
+    @property
+    def port(self) -> int:
+        """The port the store listens on."""
+        return int(self._store.port) if self._store is not None else self._port
+
+    def start(self) -> PSTask:
+        """Listen and serve in background threads; returns at once."""
+        self._store = dist.TCPStore(
+            self.host,
+            self._port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=30),
+        )
+        self._thread = threading.Thread(target=self._accept, name="nbdist-ps-accept", daemon=True)
+        self._thread.start()
+        _register_exit(self)
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting clients (running sessions end with their clients)."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def wait(self) -> None:
+        """Block until `stop()`."""
+        self._stopped.wait()
+
+    def _accept(self) -> None:
+        session = 1
+        while not self._stopped.is_set():
+            try:
+                announced = self._store.check([f"{_ANNOUNCE}{session}"])
+            except Exception:
+                return  # the store is gone: the process is ending
+            if not announced:
+                self._stopped.wait(0.005)  # poll: TCPStore has no wait that stops on request
+                continue
+            threading.Thread(
+                target=self._serve, args=(session,), name=f"nbdist-ps-s{session}", daemon=True
+            ).start()
+            session += 1
+
+    def _serve(self, session: int) -> None:
+        try:
+            self._session(session)
+        finally:
+            self._live.discard(session)
+
+    def _session(self, session: int) -> None:
+        try:
+            pair = form_pair(self._store, session, 0, self.host, self._timeout)
+        except Exception:
+            return
+        self.sessions += 1
+        self._live.add(session)
+        while not self._stopped.is_set():
+            try:
+                (op, ids), tensors = pair.recv()
+            except Exception:
+                return  # the client left (or died): its half-sent message is dropped
+            if op == "bye":
+                return
+            try:
+                answer, out = self._handle(op, ids, tensors)
+            except Exception as error:
+                answer, out = {"error": f"{type(error).__name__}: {error}"}, []
+            try:
+                pair.send(answer, out)
+            except Exception:
+                return
+
+    def _handle(self, op: str, ids: list[int], tensors: list[torch.Tensor]) -> tuple[Any, list]:
+        if op == "read":
+            with self._lock:
+                missing = [i for i in ids if i not in self._variables]
+                if missing:
+                    raise InvalidArgumentError(
+                        f"variables {missing} were never created on this ps task"
+                    )
+                return "ok", [self._variables[i] for i in ids]
+        if op == "assign":
+            with self._lock:
+                self._variables.update(zip(ids, tensors))
+            return "ok", []
+        if op == "add":
+            with self._lock:
+                fresh = {i: self._variables[i] + t for i, t in zip(ids, tensors)}
+                self._variables.update(fresh)
+                self.updates += 1
+            return "ok", []
+        if op == "ping":
+            return "ok", []
+        if op == "stats":
+            return {"variables": len(self._variables), "updates": self.updates}, []
+        raise InvalidArgumentError(f"unknown request {op!r}")
+
+
+_tasks: list[PSTask] = []
+
+
+def _register_exit(task: PSTask) -> None:
+    if not _tasks:
+        atexit.register(_exit_now_if_serving)
+    _tasks.append(task)
+
+
+def _exit_now_if_serving() -> None:
+    """At interpreter exit: a thread blocked in a gloo receive for a client that is still
+    connected makes the C++ runtime abort the process while Python finalises; a ps task that
+    ends (stopped engine, finished script) leaves at once instead, with exit status 0."""
+    for task in _tasks:
+        task._stopped.set()
+    if any(task._live for task in _tasks):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

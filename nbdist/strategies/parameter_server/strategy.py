@@ -1,0 +1,302 @@
+"""`ParameterServerStrategy`: variables on ps tasks, functions on workers, the chief decides.
+
+The chief (a notebook or a script) creates the strategy from a cluster with `worker` and `ps`
+tasks, creates the model in `scope()` (each parameter, variable or shard is created on ps task
+`count % num_ps`), and hands step functions to a `ClusterCoordinator`, which runs each on
+whichever worker is free (`worker_task.run_closure`).
+
+Example (needs running ps and worker tasks, so not run here)::
+
+    resolver = nd.cluster_resolver.TFConfigClusterResolver()
+    strategy = nd.ParameterServerStrategy(resolver)
+    with strategy.scope():
+        model = torch.nn.Linear(4, 1)
+    coordinator = nd.experimental.coordinator.ClusterCoordinator(strategy)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from nbdist import context
+from nbdist.cluster_resolver import ClusterSpec
+from nbdist.errors import ArgumentTypeError, ClusterConfigError, ContextError
+from nbdist.strategies.base import Strategy
+from nbdist.strategies.parameter_server.closures import VarSpec
+from nbdist.strategies.parameter_server.placement import Shard, check_partition, shard_rows
+from nbdist.strategies.parameter_server.transport import PSClient
+from nbdist.strategies.parameter_server.variables import PSVariable
+
+__all__ = ["ParameterServerStrategy"]
+
+_FIX = (
+    "A ParameterServerStrategy needs a cluster with at least one 'worker' and one 'ps' task, "
+    "e.g. ClusterSpec({'chief': ['127.0.0.1:2220'], 'worker': ['127.0.0.1:2221', "
+    "'127.0.0.1:2222'], 'ps': ['127.0.0.1:2223']}); from a notebook, "
+    "nd.Cluster(n=3, strategy='parameter_server', num_ps=1) starts one."
+)
+
+
+class ParameterServerStrategy(Strategy):
+    """Asynchronous training with variables on parameter-server tasks (TF's
+    `tf.distribute.experimental.ParameterServerStrategy`).
+
+    Args:
+        cluster_resolver: A `ClusterResolver` (or `ClusterSpec`) whose cluster has `worker`
+            and `ps` tasks (and usually a `chief`: this process).
+        variable_partitioner: None (no variable is split), or a callable
+            `(shape, dtype) -> [k, 1, ..., 1]` such as
+            `nd.experimental.partitioners.FixedShardsPartitioner(2)`.
+
+    Raises:
+        ClusterConfigError: (a `ValueError`) no `ps` or no `worker` task.
+        ArgumentTypeError: (a `TypeError`) a partitioner that is not callable.
+
+    Beyond TF: `pull(module)` copies the current values from the ps tasks into the chief's
+    tensors (to evaluate or checkpoint there), `push(module)` writes the chief's values to the
+    ps tasks (to restore a checkpoint), `placement(tensor)` lists a variable's shards.
+    """
+
+    def __init__(self, cluster_resolver: Any, variable_partitioner: Any = None):
+        super().__init__()
+        spec = cluster_resolver if isinstance(cluster_resolver, ClusterSpec) else None
+        if spec is None:
+            getter = getattr(cluster_resolver, "cluster_spec", None)
+            if not callable(getter):
+                raise ArgumentTypeError(
+                    "ParameterServerStrategy needs a cluster resolver (e.g. "
+                    "nd.cluster_resolver.TFConfigClusterResolver()) or a ClusterSpec, got "
+                    f"{cluster_resolver!r}. {_FIX}"
+                )
+            spec = getter()
+        jobs = spec.as_dict() if spec else {}
+        for job in ("ps", "worker"):
+            if not jobs.get(job):
+                raise ClusterConfigError(f"The cluster has no {job!r} task: {jobs}. {_FIX}")
+        if variable_partitioner is not None and not callable(variable_partitioner):
+            raise ArgumentTypeError(
+                "variable_partitioner must be None or a callable (shape, dtype) -> [k, 1, ...], "
+                f"got {variable_partitioner!r}; e.g. "
+                "nd.experimental.partitioners.FixedShardsPartitioner(2)."
+            )
+        self._cluster_resolver = cluster_resolver
+        self._spec = spec
+        self._ps_addresses: list[str] = [str(a) for a in spec.job_tasks("ps")]
+        self._worker_addresses: list[str] = [str(a) for a in spec.job_tasks("worker")]
+        self._partitioner = variable_partitioner
+        self._parameter_devices = tuple(
+            f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(len(self._ps_addresses))
+        )
+        self.timeout = 300.0
+        """Seconds a ps read or update may take before the ps counts as unavailable."""
+        self._clients: dict[int, PSClient] = {}
+        self._specs: dict[int, VarSpec] = {}  # id(object) -> spec
+        self._objects: dict[int, Any] = {}  # vid -> object (keeps ids valid)
+        self._placements: dict[int, list[Shard]] = {}
+        self._count = itertools.count()  # round-robin over ps tasks
+        self._ids = itertools.count(1)
+        self._names: dict[str, int] = {}
+        self.worker_channels: list[Any] | None = None
+        """Set by `nd.Cluster`: how to reach each worker (engines); else sockets to the
+        worker tasks' addresses (`nd.Server`)."""
+
+    # -- cluster ----------------------------------------------------------------------------
+    @property
+    def num_workers(self) -> int:
+        """The number of worker tasks."""
+        return len(self._worker_addresses)
+
+    @property
+    def num_ps(self) -> int:
+        """The number of ps tasks."""
+        return len(self._ps_addresses)
+
+    def _client(self, ps: int) -> PSClient:
+        if ps not in self._clients:
+            self._clients[ps] = PSClient(ps, self._ps_addresses[ps], self.timeout)
+        return self._clients[ps]
+
+    # -- scope: variables and module parameters go to the ps tasks ---------------------------
+    @contextlib.contextmanager
+    def _scope_hooks(self) -> Iterator[None]:
+        if self._scope_depth > 1:
+            yield
+            return
+        register = torch.nn.modules.module
+        fresh: list[tuple[str, torch.nn.Parameter]] = []
+
+        def capture(module: torch.nn.Module, name: str, tensor: Any) -> None:
+            # Placed now (creation order, as TF), written at scope exit: layers fill their
+            # parameters after registering them.
+            if (
+                isinstance(tensor, torch.nn.Parameter)
+                and context.current_scope_strategy() is self
+                and id(tensor) not in self._specs
+            ):
+                fresh.append(
+                    (tensor, self._reserve(tensor, name, "parameter", tensor.requires_grad))
+                )
+
+        handle = register.register_module_parameter_registration_hook(capture)
+        try:
+            yield
+        finally:
+            handle.remove()
+            for param, spec in fresh:
+                self._assign_spec(spec, param.detach())
+
+    def _create_variable(
+        self,
+        initial_value: Any,
+        trainable: bool | None = None,
+        synchronization: Any = None,
+        aggregation: Any = None,
+        name: str | None = None,
+        dtype: torch.dtype | None = None,
+        **_: Any,
+    ) -> PSVariable:
+        if callable(initial_value):
+            initial_value = initial_value()
+        value = torch.as_tensor(initial_value, dtype=dtype).detach().cpu().clone()
+        trainable = True if trainable is None else bool(trainable)
+        return self._place(value, name or "Variable", "variable", trainable)
+
+    def _unique(self, name: str) -> str:
+        count = self._names.get(name, 0)
+        self._names[name] = count + 1
+        return name if count == 0 else f"{name}_{count}"
+
+    def _place(self, obj: Any, name: str, kind: str, trainable: bool) -> Any:
+        spec = self._reserve(obj, name, kind, trainable)
+        self._assign_spec(spec, obj.detach())
+        return self._objects[spec.vid]
+
+    def _reserve(self, obj: Any, name: str, kind: str, trainable: bool) -> VarSpec:
+        """Decide where `obj`'s shards live (round-robin) and remember it; writes nothing."""
+        tensor = obj.detach()
+        shape = tuple(tensor.shape)
+        name = self._unique(name)
+        k = 1
+        if self._partitioner is not None and shape:
+            k = check_partition(
+                self._partitioner(torch.Size(shape), tensor.dtype), tensor.shape, name
+            )
+        rows = shard_rows(shape[0], k) if shape and k > 1 else [shape[0] if shape else 0]
+        shards, refs, offset = [], [], 0
+        split = len(rows) > 1
+        for i, count in enumerate(rows):
+            ps = next(self._count) % self.num_ps
+            shard_shape = (count, *shape[1:]) if split else shape
+            shards.append(Shard(f"{name}/part_{i}" if split else name, ps, offset, shard_shape))
+            refs.append((ps, next(self._ids), count))
+            offset += count
+        vid = next(self._ids)
+        spec = VarSpec(vid, name, shape, tensor.dtype, trainable, kind, tuple(refs))
+        result = obj if kind == "parameter" else PSVariable(self, spec, shards, trainable)
+        self._specs[id(result)] = spec
+        self._objects[vid] = result
+        self._placements[vid] = shards
+        return spec
+
+    def _split(self, spec: VarSpec, tensor: torch.Tensor) -> dict[int, dict[int, torch.Tensor]]:
+        out: dict[int, dict[int, torch.Tensor]] = {}
+        row = 0
+        for ps, shard, rows in spec.shards:
+            part = tensor[row : row + rows] if len(spec.shards) > 1 else tensor
+            out.setdefault(ps, {})[shard] = part.contiguous()
+            row += rows
+        return out
+
+    def _assign_spec(self, spec: VarSpec, tensor: torch.Tensor) -> None:
+        for ps, values in self._split(spec, tensor.detach().cpu()).items():
+            self._client(ps).assign(values)
+
+    def _add_spec(self, spec: VarSpec, tensor: torch.Tensor) -> None:
+        for ps, values in self._split(spec, tensor.detach().cpu()).items():
+            self._client(ps).add(values)
+
+    def _read_spec(self, spec: VarSpec) -> torch.Tensor:
+        parts = [self._client(ps).read([shard])[0] for ps, shard, _ in spec.shards]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, 0)).reshape(spec.shape)
+
+    # -- beyond TF: the chief's copies ------------------------------------------------------
+    def _tracked(self, obj: Any) -> list[tuple[Any, VarSpec]]:
+        if isinstance(obj, torch.nn.Module):
+            items: list[Any] = list(obj.parameters())
+        elif isinstance(obj, (list, tuple)):
+            items = list(obj)
+        else:
+            items = [obj]
+        found = [(item, self._specs[id(item)]) for item in items if id(item) in self._specs]
+        if not found:
+            raise ArgumentTypeError(
+                f"{type(obj).__name__} holds no variable of this strategy; pass a module or "
+                "variable created in strategy.scope()."
+            )
+        return found
+
+    def pull(self, obj: Any) -> Any:
+        """Copy the current values from the ps tasks into `obj` (a module created in `scope()`,
+        a parameter, or a list of them) on the chief; returns `obj`.
+
+        Example::
+
+            coordinator.join(); strategy.pull(model); accuracy = evaluate(model)
+        """
+        with torch.no_grad():
+            for item, spec in self._tracked(obj):
+                if isinstance(item, torch.Tensor):
+                    item.copy_(self._read_spec(spec))
+        return obj
+
+    def push(self, obj: Any) -> Any:
+        """Write `obj`'s values on the chief to the ps tasks (after restoring a checkpoint into
+        the chief's module); returns `obj`."""
+        for item, spec in self._tracked(obj):
+            value = item.detach() if isinstance(item, torch.Tensor) else item.read_value()
+            if isinstance(item, torch.Tensor):
+                self._assign_spec(spec, value)
+        return obj
+
+    def placement(self, tensor: Any) -> tuple[Shard, ...]:
+        """The shards of a parameter or variable created in `scope()`: name, ps, rows."""
+        spec = self._specs.get(id(tensor))
+        if spec is None:
+            raise ArgumentTypeError(
+                f"{type(tensor).__name__} was not created in this strategy's scope."
+            )
+        return tuple(self._placements[spec.vid])
+
+    def _reference(self, obj: Any) -> Any:
+        """What travels to a worker instead of `obj` (closures.dumps_closure), else None."""
+        if obj is self:
+            return ("strategy",)
+        spec = self._specs.get(id(obj))
+        if spec is not None and self._objects.get(spec.vid) is obj:
+            return ("var", spec)
+        return None
+
+    # -- run happens on workers ---------------------------------------------------------------
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        raise ContextError(
+            "ParameterServerStrategy.run runs on a worker: call it inside a function passed to "
+            "coordinator.schedule(fn), where coordinator = "
+            "nd.experimental.coordinator.ClusterCoordinator(strategy)."
+        )
+
+    def close(self) -> None:
+        """Close this process's connections to the ps tasks."""
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def __repr__(self) -> str:
+        return (
+            f"<nbdist.ParameterServerStrategy: {self.num_workers} worker(s), {self.num_ps} ps "
+            f"task(s) {self._ps_addresses}>"
+        )

@@ -1,0 +1,199 @@
+"""Tensors between a ps task and its clients (workers, the chief): gloo point-to-point.
+
+Each client forms a two-rank gloo group with each ps task it talks to, through the ps task's
+`TCPStore`: the client takes a session number (`store.add`), announces it, and both sides
+create the group under the prefix `nbdist/ps/s<number>/`, so a worker that comes back forms a
+new pair without disturbing the others. A message is a small pickled header (an int64 length
+then the bytes) followed by its tensors, each sent whole; the ps acts on a message only once
+all of it has arrived.
+
+Example (both sides in one process)::
+
+    server = PSTask("127.0.0.1", 0).start()
+    client = PSClient(0, f"127.0.0.1:{server.port}")
+    client.create({7: torch.zeros(3)}); client.add({7: torch.ones(3)}); client.read([7])
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import pickle
+import threading
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nbdist.errors import PSUnavailableError
+
+__all__ = ["PSClient", "Pair", "connect_store", "form_pair", "split_address"]
+
+SESSIONS = "nbdist/ps/sessions"
+_ANNOUNCE = "nbdist/ps/req/"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`"host:port"` → `(host, port)`."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def connect_store(address: str, timeout: float) -> dist.TCPStore:
+    """A client of the ps task's store at `address`."""
+    host, port = split_address(address)
+    return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+
+
+def _options(host: str, timeout: float) -> Any:
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = datetime.timedelta(seconds=timeout)
+    if host.startswith("127.") or host == "localhost":
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    else:
+        options._devices = [dist.ProcessGroupGloo.create_default_device()]
+    return options
+
+
+def form_pair(store: Any, session: int, rank: int, host: str, timeout: float) -> Pair:
+    """The two-rank gloo group of `session` (rank 0 is the ps task)."""
+    prefixed = dist.PrefixStore(f"nbdist/ps/s{session}/", store)
+    return Pair(dist.ProcessGroupGloo(prefixed, rank, 2, _options(host, timeout)), 1 - rank)
+
+
+class Pair:
+    """One end of a two-rank gloo group: send and receive whole messages."""
+
+    def __init__(self, group: Any, peer: int):
+        self._group = group
+        self._peer = peer
+
+    def send(self, header: Any, tensors: list[torch.Tensor] = ()) -> None:
+        """Send `header` (picklable, no tensors) and then `tensors`."""
+        tensors = [t.detach().contiguous() for t in tensors]
+        meta = (header, [(tuple(t.shape), t.dtype) for t in tensors])
+        data = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+        body = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self._group.send([torch.tensor([len(data)], dtype=torch.int64)], self._peer, 0).wait()
+        self._group.send([body], self._peer, 1).wait()
+        for tensor in tensors:
+            if tensor.numel():
+                self._group.send([tensor], self._peer, 2).wait()
+
+    def recv(self) -> tuple[Any, list[torch.Tensor]]:
+        """The next message: `(header, tensors)`, all of it."""
+        size = torch.empty(1, dtype=torch.int64)
+        self._group.recv([size], self._peer, 0).wait()
+        body = torch.empty(int(size.item()), dtype=torch.uint8)
+        self._group.recv([body], self._peer, 1).wait()
+        header, specs = pickle.loads(body.numpy().tobytes())
+        tensors = []
+        for shape, dtype in specs:
+            tensor = torch.empty(shape, dtype=dtype)
+            if tensor.numel():
+                self._group.recv([tensor], self._peer, 2).wait()
+            tensors.append(tensor)
+        return header, tensors
+
+
+class PSClient:
+    """This process's connection to ps task `index` at `address` (thread-safe).
+
+    Every failure to reach the ps is a `PSUnavailableError` naming it; the connection is then
+    dropped and formed again on the next request (a restarted ps task is found again).
+    """
+
+    def __init__(self, index: int, address: str, timeout: float = 300.0):
+        self.index = index
+        self.address = address
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._pair: Pair | None = None
+        self._store: Any = None
+        _clients.add(self)
+
+    def _unavailable(self, error: BaseException) -> PSUnavailableError:
+        return PSUnavailableError(
+            f"Parameter server /job:ps/task:{self.index} at {self.address} is unavailable "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). Its "
+            "variables are lost: restart the ps task and the training, restoring the variables "
+            "from the last checkpoint (docs/parameter-server.md).",
+            ps=self.index,
+            address=self.address,
+        )
+
+    def _connect(self) -> Pair:
+        if self._pair is None:
+            host, _ = split_address(self.address)
+            store = connect_store(self.address, min(self._timeout, 30.0))
+            session = store.add(SESSIONS, 1)
+            store.set(f"{_ANNOUNCE}{session}", b"1")
+            self._pair = form_pair(store, session, 1, host, self._timeout)
+            self._store = store
+        return self._pair
+
+    def request(self, header: Any, tensors: list[torch.Tensor] = ()) -> tuple[Any, list]:
+        """Send one request and return the ps task's answer `(header, tensors)`."""
+        with self._lock:
+            try:
+                pair = self._connect()
+                pair.send(header, tensors)
+                answer, out = pair.recv()
+            except Exception as error:
+                self._pair = None
+                self._store = None
+                raise self._unavailable(error) from None
+        if isinstance(answer, dict) and answer.get("error"):
+            raise PSUnavailableError(
+                f"Parameter server /job:ps/task:{self.index} at {self.address} refused a request: "
+                f"{answer['error']}. A ps task that was restarted has lost its variables: restore "
+                "them from the last checkpoint (docs/parameter-server.md).",
+                ps=self.index,
+                address=self.address,
+            )
+        return answer, out
+
+    def create(self, values: dict[int, torch.Tensor]) -> None:
+        """Create (or overwrite) variables `{id: value}` on the ps task."""
+        ids = list(values)
+        self.request(("assign", ids), [values[i].detach().cpu() for i in ids])
+
+    def assign(self, values: dict[int, torch.Tensor]) -> None:
+        """Overwrite variables `{id: value}`."""
+        self.create(values)
+
+    def add(self, deltas: dict[int, torch.Tensor]) -> None:
+        """Add `{id: delta}` to the variables, all of them or none."""
+        ids = list(deltas)
+        self.request(("add", ids), [deltas[i].detach().cpu() for i in ids])
+
+    def read(self, ids: list[int]) -> list[torch.Tensor]:
+        """The current values of variables `ids`."""
+        _, tensors = self.request(("read", list(ids)))
+        return tensors
+
+    def ping(self) -> None:
+        """Raise `PSUnavailableError` unless the ps task answers."""
+        self.request(("ping", []))
+
+    def close(self) -> None:
+        """Say goodbye to the ps task (its thread for this client ends) and drop the pair."""
+        with self._lock:
+            if self._pair is not None:
+                with contextlib.suppress(Exception):
+                    self._pair.send(("bye", []))
+            self._pair = None
+            self._store = None
+
+
+_clients: weakref.WeakSet[PSClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_clients() -> None:
+    """Close every connection at exit, so no ps thread waits on a pair that is going away."""
+    for client in list(_clients):
+        with contextlib.suppress(Exception):
+            client.close()

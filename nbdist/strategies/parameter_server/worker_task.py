@@ -1,0 +1,232 @@
+"""What a worker task does with a scheduled function: read, run, send the changes back.
+
+`run_closure(payload)` runs in the worker's process (an engine or a `nd.Server` worker):
+it unpickles the function with references resolved to this worker's objects (a cached tensor
+per variable, its own per-worker datasets), reads the current value of every variable the
+function uses from the ps tasks (one request per ps), runs it, and sends what the function
+changed back as differences (`assign_add` on each shard, one message per ps, applied whole).
+It returns `{"value": ...}` or `{"error": exception, "traceback": text}`.
+
+Example::
+
+    payload = coordinator-side encode_call(...)       # see coordinator.py
+    reply = run_closure(payload)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+import torch
+
+from nbdist.errors import ContextError, InvalidArgumentError, is_nbdist_file
+from nbdist.strategies.parameter_server.closures import VarSpec, loads_closure
+from nbdist.strategies.parameter_server.transport import PSClient
+
+__all__ = ["WorkerStrategy", "make_dataset", "run_closure", "worker_info"]
+
+_state: dict[str, Any] = {
+    "clients": {},  # ps address -> PSClient
+    "vars": {},  # vid -> (VarSpec, tensor or Parameter or Variable)
+    "datasets": {},  # dataset id -> dataset
+    "iterators": {},  # iterator id -> iterator
+    "closures": 0,
+}
+
+
+class WorkerStrategy:
+    """The strategy as a scheduled function sees it on a worker: one replica, this worker.
+
+    `run(fn, args, kwargs)` calls `fn` once; `reduce` of a plain value returns it (reduced
+    along `axis` when given). It exists so that TF-style step functions (`strategy.run`
+    inside the scheduled function) work unchanged.
+    """
+
+    num_replicas_in_sync = 1
+
+    def run(self, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
+        return fn(*args, **(kwargs or {}))
+
+    def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
+        from nbdist.reduce import ReduceOp
+
+        if axis is None:
+            return value
+        op = ReduceOp.from_value(reduce_op)
+        if op is ReduceOp.SUM:
+            return torch.as_tensor(value).sum(axis)
+        if op is ReduceOp.MEAN:
+            return torch.as_tensor(value).float().mean(axis)
+        tensor = torch.as_tensor(value)
+        return tensor.amax(axis) if op is ReduceOp.MAX else tensor.amin(axis)
+
+    def experimental_local_results(self, value: Any) -> tuple:
+        return (value,)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[WorkerStrategy]:
+        yield self
+
+
+def worker_info() -> dict[str, Any]:
+    """Host, pid and how many functions this worker has run."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "closures": _state["closures"]}
+
+
+def make_dataset(dataset_id: int, fn_bytes: bytes) -> dict[str, Any]:
+    """Build per-worker dataset `dataset_id` here by calling its pickled `dataset_fn()`."""
+    try:
+        fn = cloudpickle.loads(fn_bytes)
+        _state["datasets"][dataset_id] = fn()
+        for key in [k for k in _state["iterators"] if k[0] == dataset_id]:
+            del _state["iterators"][key]
+        return {"value": None}
+    except BaseException as error:
+        return _error_reply(error)
+
+
+def _client(index: int, address: str, timeout: float) -> PSClient:
+    clients = _state["clients"]
+    if address not in clients:
+        clients[address] = PSClient(index, address, timeout)
+    return clients[address]
+
+
+def _local_object(spec: VarSpec) -> Any:
+    entry = _state["vars"].get(spec.vid)
+    if entry is not None:
+        return entry[1]
+    tensor = torch.zeros(spec.shape, dtype=spec.dtype)
+    if spec.kind == "parameter":
+        obj: Any = torch.nn.Parameter(tensor, requires_grad=spec.requires_grad)
+    else:
+        from nbdist.variables import Variable
+
+        obj = Variable.__new__(Variable)
+        Variable.__init__(obj, tensor, trainable=spec.requires_grad, name=spec.name)
+    _state["vars"][spec.vid] = (spec, obj)
+    return obj
+
+
+def _tensor_of(obj: Any) -> torch.Tensor:
+    return obj.data if isinstance(obj, torch.Tensor) else obj._tensor
+
+
+def run_closure(payload: bytes) -> dict[str, Any]:
+    """Run one scheduled function here (see the module docstring)."""
+    used: dict[int, VarSpec] = {}
+    try:
+        header = pickle.loads(payload)
+        addresses: list[str] = header["ps"]
+        timeout: float = header["timeout"]
+
+        def resolve(ref: Any) -> Any:
+            kind = ref[0]
+            if kind == "var":
+                spec: VarSpec = ref[1]
+                used[spec.vid] = spec
+                return _local_object(spec)
+            if kind == "strategy":
+                return WorkerStrategy()
+            if kind == "dataset":
+                return _dataset(ref[1])
+            if kind == "iterator":
+                key = (ref[1], ref[2])
+                if key not in _state["iterators"]:
+                    _state["iterators"][key] = iter(_dataset(ref[1]))
+                return _state["iterators"][key]
+            raise InvalidArgumentError(f"unknown reference {ref!r}")
+
+        fn, args, kwargs = loads_closure(header["closure"], resolve)
+        before = _read_variables(used, addresses, timeout)
+        _state["closures"] += 1
+        value = fn(*args, **kwargs)
+        _send_changes(used, before, addresses, timeout)
+        return {"value": _detached(value)}
+    except BaseException as error:
+        return _error_reply(error)
+
+
+def _dataset(dataset_id: int) -> Any:
+    if dataset_id not in _state["datasets"]:
+        raise ContextError(
+            f"Per-worker dataset {dataset_id} was not built on this worker; create it with "
+            "coordinator.create_per_worker_dataset(dataset_fn)."
+        )
+    return _state["datasets"][dataset_id]
+
+
+def _read_variables(
+    used: dict[int, VarSpec], addresses: list[str], timeout: float
+) -> dict[int, torch.Tensor]:
+    wanted: dict[int, list[int]] = {}
+    for spec in used.values():
+        for ps, shard, _ in spec.shards:
+            wanted.setdefault(ps, []).append(shard)
+    values: dict[tuple[int, int], torch.Tensor] = {}
+    for ps, shards in wanted.items():
+        read = _client(ps, addresses[ps], timeout).read(shards)
+        values.update({(ps, shard): t for shard, t in zip(shards, read)})
+    before: dict[int, torch.Tensor] = {}
+    for vid, spec in used.items():
+        parts = [values[(ps, shard)] for ps, shard, _ in spec.shards]
+        whole = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+        obj = _state["vars"][vid][1]
+        with torch.no_grad():
+            _tensor_of(obj).copy_(whole.reshape(spec.shape))
+        if isinstance(obj, torch.Tensor):
+            obj.grad = None
+        before[vid] = whole.reshape(spec.shape)
+    return before
+
+
+def _send_changes(
+    used: dict[int, VarSpec], before: dict[int, torch.Tensor], addresses: list[str], timeout
+) -> None:
+    deltas: dict[int, dict[int, torch.Tensor]] = {}
+    for vid, spec in used.items():
+        now = _tensor_of(_state["vars"][vid][1]).detach()
+        if torch.equal(now, before[vid]):
+            continue
+        delta = now - before[vid]
+        row = 0
+        for ps, shard, rows in spec.shards:
+            part = delta[row : row + rows] if len(spec.shards) > 1 else delta
+            deltas.setdefault(ps, {})[shard] = part
+            row += rows
+    for ps, shard_deltas in deltas.items():
+        _client(ps, addresses[ps], timeout).add(shard_deltas)
+
+
+def _detached(value: Any) -> Any:
+    from nbdist._private_api import pytree
+
+    def leaf(item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            return item.detach().cpu().clone()
+        return item
+
+    return pytree.tree_map(leaf, value)
+
+
+def _error_reply(error: BaseException) -> dict[str, Any]:
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not is_nbdist_file(frame.filename)
+    ]
+    text = "".join(traceback.format_list(frames))
+    try:
+        pickle.dumps(error)
+        shipped: BaseException = error
+    except Exception:
+        shipped = RuntimeError(f"{type(error).__name__}: {error}")
+    shipped.__traceback__ = None
+    return {"error": shipped, "traceback": text}

@@ -1,0 +1,258 @@
+"""ParameterServerStrategy's rules with its tasks served from this process (2 ps tasks and
+one worker, `nd.Server` threads): placement, partitioners, shards, the coordinator's error
+rules and every bad input of issue 11."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import nbdist as nd
+from nbdist.experimental.partitioners import (
+    FixedShardsPartitioner,
+    MaxSizePartitioner,
+    MinSizePartitioner,
+)
+from nbdist.testing.ports import free_ports
+
+
+@pytest.fixture(scope="module")
+def spec():
+    ports = free_ports(3)
+    spec = nd.ClusterSpec(
+        {
+            "worker": [f"127.0.0.1:{ports[0]}"],
+            "ps": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"],
+        }
+    )
+    servers = [nd.Server(spec, "ps", 0), nd.Server(spec, "ps", 1), nd.Server(spec, "worker", 0)]
+    yield spec
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def coordinated(spec):
+    strategy = nd.ParameterServerStrategy(spec)
+    coordinator = nd.experimental.coordinator.ClusterCoordinator(strategy)
+    yield strategy, coordinator
+    coordinator.shutdown()
+    strategy.close()
+
+
+# -- partitioners: TF's shard counts -------------------------------------------------------
+@pytest.mark.parametrize(
+    "partitioner, shape, dtype, expected",
+    [
+        (FixedShardsPartitioner(4), [10, 3], torch.float32, [4, 1]),
+        (FixedShardsPartitioner(4), [2, 3], torch.float32, [2, 1]),
+        (FixedShardsPartitioner(3), [7], torch.int64, [3]),
+        (MinSizePartitioner(), [1024, 256], torch.float32, [1, 1]),
+        (MinSizePartitioner(max_shards=4), [1024, 256], torch.float32, [4, 1]),
+        (MinSizePartitioner(max_shards=4), [10, 8], torch.float32, [1, 1]),
+        (MinSizePartitioner(max_shards=4), [3, 100000], torch.float32, [3, 1]),
+        (MinSizePartitioner(min_shard_bytes=64, max_shards=8), [10, 4], torch.float32, [3, 1]),
+        (MinSizePartitioner(min_shard_bytes=64, max_shards=8), [10, 4], torch.float64, [5, 1]),
+        (MaxSizePartitioner(1024), [100, 8], torch.float32, [4, 1]),
+        (MaxSizePartitioner(1024), [10, 1000], torch.float32, [10, 1]),
+        (MaxSizePartitioner(1024, max_shards=3), [10, 1000], torch.float32, [3, 1]),
+        (MaxSizePartitioner(1024), [64], torch.int64, [1]),
+        (MaxSizePartitioner(48), [10, 4], torch.float32, [4, 1]),
+        (MaxSizePartitioner(8, max_shards=3), [10, 1], torch.float32, [3, 1]),
+    ],
+)
+def test_partitioners_give_tfs_shard_counts(partitioner, shape, dtype, expected):
+    assert partitioner(torch.Size(shape), dtype) == expected
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: FixedShardsPartitioner(0), "num_shards"),
+        (lambda: MinSizePartitioner(min_shard_bytes=0), "min_shard_bytes"),
+        (lambda: MinSizePartitioner(max_shards=0), "max_shards"),
+        (lambda: MinSizePartitioner(bytes_per_string=0), "bytes_per_string"),
+        (lambda: MaxSizePartitioner(0), "max_shard_bytes"),
+        (lambda: MaxSizePartitioner(10, max_shards=-1), "max_shards"),
+        (lambda: MaxSizePartitioner(10, bytes_per_string=0), "bytes_per_string"),
+    ],
+)
+def test_partitioner_arguments_below_one_are_value_errors(make, name):
+    with pytest.raises(ValueError, match=f"`{name}` must be at least 1"):
+        make()
+
+
+# -- placement --------------------------------------------------------------------------------
+def test_ten_rows_in_four_fixed_shards_alternate_over_two_ps(spec):
+    strategy = nd.ParameterServerStrategy(spec, variable_partitioner=FixedShardsPartitioner(4))
+    try:
+        with strategy.scope():
+            table = nd.Variable(torch.arange(20.0).reshape(10, 2), name="emb")
+        shards = table.variables
+        assert [s.shape[0] for s in shards] == [3, 3, 2, 2]
+        assert [s.name for s in shards] == [f"emb/part_{i}" for i in range(4)]
+        assert [s.device for s in shards] == [
+            f"/job:ps/replica:0/task:{i % 2}/device:CPU:0" for i in range(4)
+        ]
+        assert torch.equal(shards[1].read_value(), torch.arange(6.0, 12.0).reshape(3, 2))
+        assert torch.equal(table.read_value(), torch.arange(20.0).reshape(10, 2))
+        table.assign_add(torch.ones(10, 2))
+        assert torch.equal(table.read_value(), torch.arange(20.0).reshape(10, 2) + 1)
+    finally:
+        strategy.close()
+
+
+def test_variables_and_parameters_go_round_robin(spec):
+    strategy = nd.ParameterServerStrategy(spec)
+    try:
+        with strategy.scope():
+            a = nd.Variable(1.0, name="a")
+            layer = torch.nn.Linear(3, 2)  # weight then bias
+            b = nd.Variable(torch.zeros(2), name="b")
+        assert a.variables[0].device.endswith("task:0/device:CPU:0")
+        assert [strategy.placement(p)[0].ps for p in (layer.weight, layer.bias)] == [1, 0]
+        assert b.variables[0].ps == 1
+        assert a.read_value() == 1.0  # rank 0: never split
+        with pytest.raises(nd.errors.ContextError, match=r"coordinator\.schedule"):
+            strategy.run(lambda: 1)
+    finally:
+        strategy.close()
+
+
+@pytest.mark.parametrize("answer", [[2], [2, 2], [0, 1], "2,1", [2.5, 1], None, lambda: 1])
+def test_a_partitioner_answering_other_than_k_1_is_a_value_error(spec, answer):
+    strategy = nd.ParameterServerStrategy(spec, variable_partitioner=lambda shape, dtype: answer)
+    try:
+        with pytest.raises(ValueError, match=r"must return a list \[k, 1, \.\.\., 1\]"):
+            with strategy.scope():
+                nd.Variable(torch.zeros(4, 3), name="t")
+    finally:
+        strategy.close()
+
+
+# -- clusters that cannot work ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "cluster, missing",
+    [
+        ({"worker": ["127.0.0.1:1"]}, "ps"),
+        ({"ps": ["127.0.0.1:1"], "chief": ["127.0.0.1:2"]}, "worker"),
+    ],
+)
+def test_a_cluster_without_ps_or_worker_is_refused(cluster, missing):
+    with pytest.raises(ValueError, match=f"no '{missing}' task.*nd.Cluster"):
+        nd.ParameterServerStrategy(
+            nd.cluster_resolver.SimpleClusterResolver(nd.ClusterSpec(cluster))
+        )
+
+
+def test_a_partitioner_that_is_not_callable_is_refused(spec):
+    with pytest.raises(TypeError, match="FixedShardsPartitioner"):
+        nd.ParameterServerStrategy(spec, variable_partitioner=4)
+
+
+# -- the coordinator ---------------------------------------------------------------------------
+def _add_one(v):
+    v.assign_add(torch.ones(v.shape))
+    return v.read_value()
+
+
+def _fails(v):
+    raise KeyError("no such row")
+
+
+def _take(iterator):
+    return next(iterator)
+
+
+def test_schedule_runs_functions_and_updates_the_ps(coordinated):
+    strategy, coordinator = coordinated
+    with strategy.scope():
+        v = nd.Variable(torch.zeros(4), name="v")
+    values = [coordinator.schedule(_add_one, args=(v,)) for _ in range(5)]
+    coordinator.join()
+    assert coordinator.done()
+    assert torch.equal(v.read_value(), torch.full((4,), 5.0))
+    assert values[-1].fetch().tolist() and isinstance(values[-1].get(), torch.Tensor)
+    assert coordinator.fetch({"x": values[0]})["x"].shape == (4,)
+
+
+def test_an_error_reraises_from_fetch_and_once_from_join(coordinated):
+    strategy, coordinator = coordinated
+    with strategy.scope():
+        v = nd.Variable(torch.zeros(2), name="w")
+    failed = coordinator.schedule(_fails, args=(v,))
+    with pytest.raises(KeyError, match=r"no such row.*'_fails' failed on /job:worker/task:0"):
+        failed.fetch()
+    with pytest.raises(KeyError, match="no such row"):
+        coordinator.join()
+    coordinator.join()  # raised once, then cleared
+    assert coordinator.done()
+
+
+def test_queued_functions_are_cancelled_after_an_error(coordinated):
+    strategy, coordinator = coordinated
+    with strategy.scope():
+        v = nd.Variable(torch.zeros(2), name="c")
+    values = [coordinator.schedule(_fails, args=(v,))]
+    values += [coordinator.schedule(_add_one, args=(v,)) for _ in range(20)]
+    with pytest.raises(KeyError):
+        coordinator.join()
+    cancelled = []
+    for value in values[1:]:
+        try:
+            value.get()
+        except nd.errors.CancelledError as error:
+            cancelled.append(str(error))
+    assert cancelled, "no queued function was cancelled"
+    assert "schedule it again" in cancelled[0]
+    coordinator.join()
+
+
+def test_bad_arguments_to_schedule(coordinated):
+    strategy, coordinator = coordinated
+    with strategy.scope():
+        v = nd.Variable(torch.zeros(2), name="d")
+    value = coordinator.schedule(_add_one, args=(v,))
+    with pytest.raises(ValueError, match=r"RemoteValue as args\[0\].*fetch"):
+        coordinator.schedule(_add_one, args=(value,))
+    with pytest.raises(ValueError, match="RemoteValue"):
+        coordinator.schedule(_add_one, args=([value],))
+    with pytest.raises(TypeError, match=r"cannot send args\[1\] of '_add_one'.*pickled"):
+        coordinator.schedule(_add_one, args=(v, threading.Lock()))
+    with pytest.raises(TypeError, match="function to call"):
+        coordinator.schedule(42)
+    coordinator.join()
+
+
+def test_per_worker_iterators_work_on_workers_only(coordinated):
+    _, coordinator = coordinated
+    dataset = coordinator.create_per_worker_dataset(lambda: iter(range(100)))
+    iterator = iter(dataset)
+    assert [coordinator.schedule(_take, args=(iterator,)).fetch() for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(TypeError, match=r"next\(\) of a per-worker iterator.*schedule"):
+        next(iterator)
+    with pytest.raises(TypeError, match="function returning a dataset"):
+        coordinator.create_per_worker_dataset([1, 2])
+
+
+def test_the_coordinator_needs_a_parameter_server_strategy():
+    with pytest.raises(TypeError, match="ParameterServerStrategy"):
+        nd.experimental.coordinator.ClusterCoordinator(nd.OneDeviceStrategy("cpu"))
+
+
+def test_server_refuses_bad_tasks(spec):
+    with pytest.raises(ValueError, match="'ps' or 'worker'"):
+        nd.Server(spec, "chief", 0)
+    with pytest.raises(ValueError, match="task_index=5"):
+        nd.Server(spec, "worker", 5, start=False)
+    server = nd.Server(spec, "worker", 0, start=False)
+    assert server.target.startswith("nbdist://127.0.0.1:")
+
+
+def test_public_names():
+    assert nd.experimental.ParameterServerStrategy is nd.ParameterServerStrategy
+    assert issubclass(nd.errors.PSUnavailableError, nd.NbdistError)
+    assert issubclass(nd.errors.CancelledError, nd.NbdistError)
+    assert nd.PSUnavailableError is nd.errors.PSUnavailableError
