@@ -41,7 +41,7 @@ from nbdist.cluster.startup import (
     wait_for_registration,
 )
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
-from nbdist.errors import WorkerLostError
+from nbdist.errors import InvalidArgumentError, WorkerLostError
 from nbdist.values import PerReplica
 
 __all__ = ["Cluster"]
@@ -77,8 +77,9 @@ class Cluster:
             password), `"mpi"` (`mpiexec`; needs mpi4py) or `"slurm"` (an `sbatch` job of
             `n` tasks). All are ipyparallel's engine-set launchers.
         backend: `"auto"` (NCCL on GPUs, gloo on CPUs), `"gloo"` or `"nccl"`.
-        strategy: `"mirrored"` or `"multi_worker"` (both: one replica per engine in one group);
-            `"parameter_server"` is not available yet.
+        strategy: `"mirrored"` or `"multi_worker"` (both: one replica per engine in one group),
+            or `"parameter_server"`: engines as worker and ps tasks of a
+            `ParameterServerStrategy` (`num_ps=1` of them ps tasks; `nbdist.cluster.ps_cluster`).
         timeout: Seconds for the engines to start and join the group (and to stop).
         profile_dir: ipyparallel profile directory (default: `$IPYTHONDIR/profile_default`).
         heartbeat_period: Seconds between the controller's heartbeats. Registration waits
@@ -99,6 +100,20 @@ class Cluster:
             out = cluster.strategy.run(lambda: nd.get_replica_context().replica_id_in_sync_group)
             print(out)      # PerReplica:{0: 0, 1: 1}
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is Cluster:
+            strategy = kwargs.get("strategy", args[5] if len(args) > 5 else "mirrored")
+            if isinstance(strategy, str) and strategy.strip().lower() == "parameter_server":
+                from nbdist.cluster.ps_cluster import PSCluster
+
+                return super().__new__(PSCluster)
+            if "num_ps" in kwargs:
+                raise InvalidArgumentError(
+                    f"num_ps is for strategy='parameter_server', got strategy={strategy!r}; "
+                    "pass strategy='parameter_server' or leave num_ps out."
+                )
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -261,7 +261,6 @@ def make_plan(
             `gpus` or `hosts`; `hosts` with the local launcher, or ssh without `hosts`; GPU
             indices with `hosts`; NCCL without GPU engines; a timeout that is not positive.
         TypeError: `n` or `gpus` of the wrong type.
-        NotImplementedError: a strategy this version cannot start yet.
 
     Example:
         >>> make_plan(n=0)
@@ -281,10 +280,11 @@ def make_plan(
         raise InvalidArgumentError(
             f"timeout must be finite, got {timeout!r}; pass e.g. timeout=120."
         )
-    if strategy == "parameter_server":
-        raise NotImplementedError(
-            "strategy='parameter_server' is not available on engines yet. Use "
-            "strategy='mirrored' (one replica per engine, gradients all-reduced)."
+    if strategy == "parameter_server" and (launcher != "local" or hosts is not None):
+        raise InvalidArgumentError(
+            "strategy='parameter_server' starts its engines on this machine only (launcher="
+            "'local', no hosts); on several machines run nd.Server tasks from TF_CONFIG "
+            "(docs/parameter-server.md)."
         )
     parsed_hosts = parse_hosts(hosts) if hosts is not None else None
     if parsed_hosts is not None and launcher == "local":

@@ -61,6 +61,9 @@ def _start_parser() -> _Parser:
     parser.add_argument("--strategy", choices=STRATEGIES, default="mirrored")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to start")
     parser.add_argument(
+        "--ps", type=int, default=None, help="engines that are ps tasks (parameter_server)"
+    )
+    parser.add_argument(
         "--launcher-option",
         action="append",
         default=[],
@@ -106,7 +109,7 @@ def _distribute_parser() -> _Parser:
 _DIST_USAGE = (
     "%dist start [-n N] [--gpus all|0,1] [--hosts h1:2,h2:2] [--launcher local|ssh|mpi|slurm] "
     "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
-    "[--timeout S] [--launcher-option KEY=VALUE ...]\n"
+    "[--ps N] [--timeout S] [--launcher-option KEY=VALUE ...]\n"
     "%dist status | stop | restart | auto on|off | dashboard"
 )
 
@@ -150,11 +153,19 @@ class DistMagics(Magics):
                 f"%dist start: -n {args.n} asks for no engines; pass at least 1, e.g. "
                 "`%dist start -n 2`."
             )
+        extra: dict[str, Any] = {}
+        if args.ps is not None:
+            if args.strategy != "parameter_server":
+                raise UsageError(
+                    f"%dist start: --ps {args.ps} is for --strategy parameter_server; e.g. "
+                    "`%dist start --strategy parameter_server -n 3 --ps 1`."
+                )
+            extra["num_ps"] = args.ps
         try:
             cluster = Cluster(
                 n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,
                 backend=args.backend, strategy=args.strategy, timeout=args.timeout,
-                launcher_options=_launcher_options(args.launcher_option),
+                launcher_options=_launcher_options(args.launcher_option), **extra,
             )  # fmt: skip
         except (ValueError, TypeError, NotImplementedError, RuntimeError) as error:
             raise UsageError(f"%dist start: {error}") from None
@@ -175,6 +186,8 @@ class DistMagics(Magics):
         if isinstance(namespace.get(_NAMESPACE_NAME, cluster), Cluster):
             namespace[_NAMESPACE_NAME] = cluster
             published = f"; `{_NAMESPACE_NAME}` in this notebook"
+        if args.strategy == "parameter_server":
+            published += _publish_ps(namespace, cluster)
         print(f"Started in {cluster.start_seconds:.1f} s{published}.")
         self._print_status()
 
@@ -249,6 +262,11 @@ class DistMagics(Magics):
         kind = f"GPU {', '.join(plan.gpus)}" if plan.gpus else "CPU"
         state = "running" if cluster.running else "stopped"
         header = f"nbdist cluster: {plan.n} {kind} engine(s), backend {plan.backend}, {state}"
+        if getattr(cluster, "num_ps", None):
+            header = (
+                f"nbdist parameter-server cluster: {cluster.num_workers} worker and "
+                f"{cluster.num_ps} ps engine(s) (the last {cluster.num_ps}), {state}"
+            )
         if cluster.broken:
             header += f"\nunusable: {cluster.broken}. Run `%dist restart` (engine state is lost)."
         elif cluster.repaired:
@@ -275,6 +293,12 @@ class DistMagics(Magics):
                 "%%distribute needs running engines: run `%dist start` (e.g. `%dist start -n 2`) "
                 "first."
             )
+        if getattr(cluster, "num_ps", None):
+            raise UsageError(
+                "%%distribute runs a cell on every engine of a mirrored cluster; on a "
+                "parameter_server cluster, schedule functions on the workers with "
+                "`coordinator.schedule(fn, args=...)` (created by %dist start) instead."
+            )
         targets = None
         if args.targets is not None:
             targets = _targets(args.targets, cluster.num_engines)
@@ -285,6 +309,19 @@ class DistMagics(Magics):
         )
         self.last_result = value
         return None if args.output == "none" else value
+
+
+def _publish_ps(namespace: dict[str, Any], cluster: Any) -> str:
+    """Put the cluster's `strategy` and `coordinator` in the notebook (not over other values)."""
+    published = []
+    for name, value in (("strategy", cluster.strategy), ("coordinator", cluster.coordinator)):
+        if name not in namespace or type(namespace[name]).__name__ in (
+            "ParameterServerStrategy",
+            "ClusterCoordinator",
+        ):
+            namespace[name] = value
+            published.append(f"`{name}`")
+    return f", {' and '.join(published)}" if published else ""
 
 
 def _auto_transform(lines: list[str]) -> list[str]:

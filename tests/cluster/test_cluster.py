@@ -142,7 +142,7 @@ def fail_before_raw_collective():
         ({"launcher": "kubernetes"}, ValueError, ["'kubernetes'", "'local'", "'ssh'", "'slurm'"]),
         ({"backend": "mpi"}, ValueError, ["'mpi'", "'auto'", "'gloo'", "'nccl'"]),
         ({"strategy": "central"}, ValueError, ["'central'", "'mirrored'", "'multi_worker'"]),
-        ({"strategy": "parameter_server"}, NotImplementedError, ["strategy='mirrored'"]),
+        ({"strategy": "parameter_server", "n": 1}, ValueError, ["n=1", "leaves no worker"]),
         ({"launcher": "ssh"}, ValueError, ["launcher='ssh'", "needs hosts"]),
         ({"launcher": "ssh", "hosts": "a:2,b:2", "n": 3}, ValueError, ["n=3", "4 engine(s)"]),
         ({"launcher": "mpi", "hosts": "a:2", "gpus": [0]}, ValueError, ["GPU indices", "'none'"]),

@@ -164,3 +164,17 @@ def _exit_now_if_serving() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+_here: dict[str, PSTask] = {}
+
+
+def start_here(host: str = "127.0.0.1") -> dict[str, Any]:
+    """Make this process (an engine) a ps task on `host` and a free port; returns its address,
+    pid and host name. Called once per ps engine by `nd.Cluster(strategy="parameter_server")`."""
+    import socket
+
+    if "task" not in _here:
+        _here["task"] = PSTask(host, 0).start()
+    task = _here["task"]
+    return {"address": f"{host}:{task.port}", "pid": os.getpid(), "host": socket.gethostname()}
