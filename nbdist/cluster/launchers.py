@@ -40,6 +40,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nbdist.cluster.parent_watch import parent_flag
 from nbdist.cluster.plan import LaunchPlan
 
 __all__ = [
@@ -134,7 +135,10 @@ def ipyparallel_settings(
     launcher_class = _LAUNCHER_CLASSES[plan.launcher]
     config = Config()
     config.ControllerLauncher.connection_info_timeout = float(plan.timeout)
-    config.ControllerLauncher.controller_cmd = [sys.executable, "-m", CONTROLLER_MODULE]
+    # --nbdist-parent: a process started just as its starter dies still stops (parent_watch)
+    config.ControllerLauncher.controller_cmd = [
+        sys.executable, "-m", CONTROLLER_MODULE, parent_flag()
+    ]  # fmt: skip
     section = config[launcher_class]
     if plan.launcher == "slurm":  # srun places engines on the allocation's nodes
         remote_hosts = not plan.hosts or not all(is_loopback(h) for h, _ in plan.hosts)
@@ -145,6 +149,7 @@ def ipyparallel_settings(
     engine_args: list[str] = []
     ssh_command: list[str] = []
     if plan.launcher == "local":
+        engine_cmd.append(parent_flag())
         engine_args.append(f"--IPEngine.wait_for_url_file={float(plan.timeout)}")
     elif plan.launcher == "ssh":
         remote_python = (options or {}).get("remote_python")

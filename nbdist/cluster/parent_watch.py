@@ -27,12 +27,41 @@ import signal
 import threading
 import time
 
-__all__ = ["ORPHAN_EXIT_CODE", "watch_parent"]
+__all__ = ["ORPHAN_EXIT_CODE", "PARENT_FLAG", "parent_flag", "watch_parent"]
 
 ORPHAN_EXIT_CODE = 75
 """The exit status of a cluster process that stopped itself because its parent died."""
 
 _GRACE_S = 3.0
+
+PARENT_FLAG = "--nbdist-parent="
+"""First argument of a cluster process's command: the pid of the process that starts it."""
+
+
+def parent_flag() -> str:
+    """The argument naming this process as the parent of the cluster process it starts.
+
+    A process started with it knows whom to outlive even when that parent died before the
+    child could look (its `getppid()` is then already init's or a subreaper's).
+
+    Example:
+        >>> parent_flag() == f"--nbdist-parent={os.getpid()}"
+        True
+    """
+    return f"{PARENT_FLAG}{os.getpid()}"
+
+
+def _parent_from_argv() -> int | None:
+    """Remove `--nbdist-parent=PID` from `sys.argv` (ipyparallel would refuse it); its PID."""
+    import sys
+
+    for index, argument in enumerate(sys.argv[1:], start=1):
+        if argument.startswith(PARENT_FLAG):
+            del sys.argv[index]
+            with contextlib.suppress(ValueError):
+                return int(argument[len(PARENT_FLAG) :])
+            return None
+    return None
 
 
 def watch_parent(poll_s: float = 0.5, parent: int | None = None) -> threading.Thread | None:
@@ -40,12 +69,18 @@ def watch_parent(poll_s: float = 0.5, parent: int | None = None) -> threading.Th
 
     Args:
         poll_s: Seconds between looks at the parent's pid.
-        parent: The pid to outlive no longer (default: the current parent).
+        parent: The pid to outlive no longer (default: the one named by `--nbdist-parent=PID`
+            in `sys.argv`, removed from it, else the current parent). When this process's
+            parent is already another one, that parent died before the watch began (e.g.
+            Ctrl-C while the cluster was starting) and the process stops at once.
 
     Returns:
         The watching daemon thread, or None when there is no parent to watch (pid 1).
     """
-    parent = os.getppid() if parent is None else parent
+    if parent is None:
+        parent = _parent_from_argv()
+    if parent is None:
+        parent = os.getppid()
     if parent <= 1:
         return None
     thread = threading.Thread(

@@ -67,6 +67,11 @@ def test_engines_run_nbdist_entry_point_and_slurm_places_them_on_the_hosts():
     settings = ipyparallel_settings(plan, heartbeat_ms=1000)
     section = settings.cluster_kwargs["config"].SlurmEngineSetLauncher
     assert section.engine_cmd == [sys.executable, "-m", "nbdist.cluster._engine_main"]
+    local = ipyparallel_settings(make_plan(n=2, gpu_ids=()), heartbeat_ms=1000)
+    config = local.cluster_kwargs["config"]
+    flag = f"--nbdist-parent={os.getpid()}"  # its processes outlive this one not even at start
+    assert config.LocalEngineSetLauncher.engine_cmd[-1] == flag
+    assert config.ControllerLauncher.controller_cmd[-1] == flag
     template = section.batch_template
     assert "#SBATCH --nodelist=node1,node2\n#SBATCH --ntasks-per-node=2\n" in template
     assert "#SBATCH --ntasks={n}" in template and template.endswith("srun {program_and_args}\n")

@@ -64,3 +64,43 @@ def test_the_cluster_stops_when_its_starter_dies(sig, tmp_path):
         for pid in pids:  # never leave anything behind, even when the test fails
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
+
+
+WATCHER = """
+import sys, time
+from nbdist.cluster.parent_watch import watch_parent
+watch_parent(poll_s=0.05)
+print(sys.argv[1:], flush=True)  # the flag is gone: ipyparallel never sees it
+sys.stdin.read()  # until stopped, or until the test closes stdin
+"""
+
+
+def _dead_pid() -> int:
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait(timeout=30)
+    return finished.pid
+
+
+@pytest.mark.parametrize("parent", ["dead", "alive"])
+def test_a_process_whose_starter_died_before_it_looked_stops_at_once(parent):
+    """Ctrl-C while the cluster starts: the controller may begin after its starter has gone
+    (re-parented to init, so `getppid()` alone would watch init forever); `--nbdist-parent`
+    names the starter, and the process stops at once."""
+    pid = _dead_pid() if parent == "dead" else os.getpid()
+    child = subprocess.Popen(
+        [sys.executable, "-c", WATCHER, f"--nbdist-parent={pid}", "--other"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline().strip() == "['--other']"
+        if parent == "dead":
+            assert child.wait(timeout=GONE_WITHIN_S) in (-signal.SIGTERM, 75)
+        else:
+            with pytest.raises(subprocess.TimeoutExpired):  # still watching its live parent
+                child.wait(timeout=1.0)
+            child.stdin.close()
+            assert child.wait(timeout=30) == 0
+    finally:
+        with contextlib.suppress(Exception):
+            child.kill()
+            child.wait(timeout=10)
