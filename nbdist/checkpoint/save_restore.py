@@ -93,8 +93,16 @@ def _save(where: str, **objects: Any) -> str:
             )
     except Exception as caught:
         error = caught
-    written = " This worker wrote the file completely." if workers.is_writer else ""
-    workers.settle(error, f"Saving checkpoint {where!r}", done="" if error else written)
+    wrote = workers.is_writer and error is None
+    written = " This worker wrote the file completely." if wrote else ""
+    writers = workers.settle(error, f"Saving checkpoint {where!r}", done=written, wrote=wrote)
+    if writers == 0:  # every worker thought another one writes: say so, never lose it silently
+        raise CheckpointError(
+            f"Saving checkpoint {where!r} wrote nothing: no worker of the {workers.count} has "
+            f"strategy.extended.should_checkpoint True (this is worker {workers.index}). Save "
+            f"with the strategy the workers train with (inside strategy.scope() or run), or "
+            f"report this as an nbdist bug."
+        )
     return where
 
 

@@ -61,19 +61,26 @@ class Workers:
             return True
         return bool(self.strategy.extended.should_checkpoint)
 
-    def settle(self, error: BaseException | None, what: str, *, done: str = "") -> None:
+    def settle(
+        self, error: BaseException | None, what: str, *, done: str = "", wrote: bool = False
+    ) -> int:
         """Tell every worker each worker's outcome; raise the first failure on all of them.
 
         A worker that failed re-raises its own error; the others raise the same class with
         the failed worker named. Every worker must call it (Note [One writer, every worker
         told]). `done` is added when another worker did not take part (e.g. "the file was
-        written").
+        written"). `wrote`: this worker wrote the file.
+
+        Returns:
+            How many workers wrote the file (each one's `wrote`), so a save that no worker
+            wrote is an error rather than a checkpoint silently missing.
         """
         if self.count <= 1:
             if error is not None:
                 raise error
-            return
+            return int(wrote)
         row = torch.zeros(_ROW, dtype=torch.uint8)
+        row[0] = 2 if wrote else 0
         if error is not None:
             text = f"{type(error).__name__}\n{error}".encode(errors="replace")[: _ROW - 1]
             row[0] = 1
@@ -93,7 +100,7 @@ class Workers:
             ) from lost
         failed = [w for w in range(self.count) if int(rows[w, 0]) == 1]
         if not failed:
-            return
+            return sum(1 for w in range(self.count) if int(rows[w, 0]) == 2)
         if error is not None:
             raise error
         first = failed[0]
