@@ -41,6 +41,7 @@ from nbdist.cluster.startup import (
     wait_for_registration,
 )
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
+from nbdist.cluster.stop_log import launchers_of, write_log
 from nbdist.errors import InvalidArgumentError, WorkerLostError
 from nbdist.values import PerReplica
 
@@ -163,6 +164,8 @@ class Cluster:
         self._progress: Callable[[str], None] = quiet
         self.start_seconds: float | None = None
         """Seconds the last `start()` took until every engine had its strategy."""
+        self.log_file: str | None = None
+        """After `stop()`: the file with what the engines and the controller printed."""
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -555,12 +558,14 @@ class Cluster:
             # Engines first, while the controller still listens: each engine's nanny tells
             # the controller its engine left and exits at once (with the controller gone it
             # would wait 3 s for the message to go out).
+            launchers = launchers_of(self._ipp)
             with _quiet_stop_log(self._ipp):
                 for step in (self._ipp.stop_engines_sync, self._ipp.stop_controller_sync):
                     try:
                         step()
                     except Exception as error:  # keep going: the processes are reaped below
                         _LOG.warning("ipyparallel could not stop the cluster cleanly: %s", error)
+            self.log_file = write_log(launchers, self._ipp.profile_dir, self._ipp.cluster_id)
         self._processes.reap(min(self._plan.timeout, KILL_GRACE_S))
         self._ipp = None
         self._client = None

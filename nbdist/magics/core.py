@@ -211,7 +211,8 @@ class DistMagics(Magics):
         namespace = self.shell.user_ns if self.shell is not None else {}
         if namespace.get(_NAMESPACE_NAME) is cluster:
             del namespace[_NAMESPACE_NAME]
-        print("Cluster stopped: no engine is left.")
+        logs = getattr(cluster, "log_file", None)
+        print("Cluster stopped: no engine is left." + (f" Engine logs: {logs}" if logs else ""))
 
     def _restart(self, words: list[str]) -> None:
         _no_arguments("restart", words)

@@ -9,6 +9,7 @@ frame of nbdist's own modules (magics/core.py, _cell.py, calls.py, ...).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -32,6 +33,10 @@ CELLS = [
     "def step():\n    return [][3]\n\ncluster.strategy.run(step)",
     "cluster.strategy.run(step, args=(1,), kwargs=None, options={'nope': 1})",
     "%dist stop",
+    # the file %dist stop names (the kernel's IPYTHONDIR is removed with it): mode and sections
+    "import glob, json, os\n"
+    "for _path in glob.glob(os.path.join(os.environ['IPYTHONDIR'], '*', 'log', 'nbdist-*.log')):\n"
+    "    print(json.dumps([_path, os.stat(_path).st_mode & 0o777, open(_path).read()]))",
 ]
 
 
@@ -97,4 +102,13 @@ def test_dist_stop_prints_one_line_and_engines_exit_0(notebook):
     assert "Event loop stopped" not in text and "'exit_code': 1" not in text
     # Also when a process too slow to stop in 5 s (a loaded machine) is killed: a stop the
     # user asked for prints no process's log.
-    assert text.strip().splitlines() == ["Cluster stopped: no engine is left."]
+    lines = text.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Cluster stopped: no engine is left.")
+    # ... naming the file that keeps what the engines and the controller printed (owner only)
+    logs = lines[0].partition(" Engine logs: ")[2]
+    assert logs.endswith(".log"), lines[0]
+    listed = "".join(o.get("text", "") for o in notebook.cells[6].outputs)
+    found = {path: (mode, content) for path, mode, content in map(json.loads, listed.splitlines())}
+    mode, content = found[logs]
+    assert mode == 0o600
+    assert "===== controller =====" in content and "===== engines" in content
