@@ -3,9 +3,10 @@
 Each client forms a two-rank gloo group with each ps task it talks to, through the ps task's
 `TCPStore`: the client takes a session number (`store.add`), announces it, and both sides
 create the group under the prefix `nbdist/ps/s<number>/`, so a worker that comes back forms a
-new pair without disturbing the others. A message is a small pickled header (an int64 length
-then the bytes) followed by its tensors, each sent whole; the ps acts on a message only once
-all of it has arrived.
+new pair without disturbing the others. A message is one fixed-size slot (the length of the
+pickled header, and the header itself when it fits: one small send for most requests, the
+pickled header on its own when longer) followed by its tensors, each sent whole on its own tag,
+all in flight at once; the ps acts on a message only once all of it has arrived.
 
 Example (both sides in one process)::
 
@@ -33,6 +34,7 @@ __all__ = ["PSClient", "Pair", "connect_store", "form_pair", "split_address"]
 
 SESSIONS = "nbdist/ps/sessions"
 _ANNOUNCE = "nbdist/ps/req/"
+_SLOT = 512  # bytes of the first message of every request and answer
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -75,26 +77,45 @@ class Pair:
         tensors = [t.detach().contiguous() for t in tensors]
         meta = (header, [(tuple(t.shape), t.dtype) for t in tensors])
         data = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-        body = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        self._group.send([torch.tensor([len(data)], dtype=torch.int64)], self._peer, 0).wait()
-        self._group.send([body], self._peer, 1).wait()
-        for tensor in tensors:
-            if tensor.numel():
-                self._group.send([tensor], self._peer, 2).wait()
+        slot = bytearray(_SLOT)  # one small message: the length, and the header if it fits
+        slot[:8] = len(data).to_bytes(8, "little")
+        inline = len(data) <= _SLOT - 8
+        if inline:
+            slot[8 : 8 + len(data)] = data
+        works = [self._group.send([torch.frombuffer(slot, dtype=torch.uint8)], self._peer, 0)]
+        if not inline:
+            body = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            works.append(self._group.send([body], self._peer, 1))
+        # All sends in flight at once, each tensor on its own tag (matched one to one).
+        works += [
+            self._group.send([tensor], self._peer, 2 + i)
+            for i, tensor in enumerate(tensors)
+            if tensor.numel()
+        ]
+        for work in works:
+            work.wait()
 
     def recv(self) -> tuple[Any, list[torch.Tensor]]:
         """The next message: `(header, tensors)`, all of it."""
-        size = torch.empty(1, dtype=torch.int64)
-        self._group.recv([size], self._peer, 0).wait()
-        body = torch.empty(int(size.item()), dtype=torch.uint8)
-        self._group.recv([body], self._peer, 1).wait()
-        header, specs = pickle.loads(body.numpy().tobytes())
-        tensors = []
-        for shape, dtype in specs:
-            tensor = torch.empty(shape, dtype=dtype)
-            if tensor.numel():
-                self._group.recv([tensor], self._peer, 2).wait()
-            tensors.append(tensor)
+        slot = torch.empty(_SLOT, dtype=torch.uint8)
+        self._group.recv([slot], self._peer, 0).wait()
+        raw = slot.numpy().tobytes()
+        size = int.from_bytes(raw[:8], "little")
+        if size <= _SLOT - 8:
+            data = raw[8 : 8 + size]
+        else:
+            body = torch.empty(size, dtype=torch.uint8)
+            self._group.recv([body], self._peer, 1).wait()
+            data = body.numpy().tobytes()
+        header, specs = pickle.loads(data)
+        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
+        works = [
+            self._group.recv([tensor], self._peer, 2 + i)
+            for i, tensor in enumerate(tensors)
+            if tensor.numel()
+        ]
+        for work in works:
+            work.wait()
         return header, tensors
 
 

@@ -74,6 +74,20 @@ class PSVariable(Variable):
     def _read(self) -> torch.Tensor:
         return self._strategy._read_spec(self._spec)
 
+    # A read brings a new tensor from the ps tasks: no need for `Variable`'s defensive clone
+    # (a second full copy of a large table).
+    def read_value(self) -> torch.Tensor:
+        """The current value, fetched from the ps tasks as a new tensor."""
+        return self._read()
+
+    def value(self) -> torch.Tensor:
+        """The current value, fetched from the ps tasks as a new tensor."""
+        return self._read()
+
+    def numpy(self) -> Any:
+        """The current value as a NumPy array (fetched from the ps tasks)."""
+        return self._read().numpy()
+
     def _write(self, value: Any, method: str) -> Variable:
         tensor = torch.as_tensor(value, dtype=self._spec.dtype).expand(self._spec.shape)
         if method == "assign":
