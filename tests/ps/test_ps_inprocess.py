@@ -256,3 +256,66 @@ def test_public_names():
     assert issubclass(nd.errors.PSUnavailableError, nd.NbdistError)
     assert issubclass(nd.errors.CancelledError, nd.NbdistError)
     assert nd.PSUnavailableError is nd.errors.PSUnavailableError
+
+
+# -- sharded variables in scheduled functions, and the error raised from schedule / done -------
+@pytest.fixture(scope="module")
+def sharded(spec):
+    """A second worker task (its own chief connection) and a strategy splitting every variable
+    into 4 shards over the same 2 ps tasks."""
+    (port,) = free_ports(1)
+    cluster = {"worker": [f"127.0.0.1:{port}"], "ps": spec.job_tasks("ps")}
+    server = nd.Server(nd.ClusterSpec(cluster), "worker", 0)
+    strategy = nd.ParameterServerStrategy(
+        nd.ClusterSpec(cluster), variable_partitioner=FixedShardsPartitioner(4)
+    )
+    coordinator = nd.experimental.coordinator.ClusterCoordinator(strategy)
+    yield strategy, coordinator
+    coordinator.shutdown()
+    strategy.close()
+    server.stop()
+
+
+def _whole_then_add(table):
+    seen = table.read_value().clone()
+    table.assign_add(torch.arange(table.shape[0], dtype=torch.float32)[:, None])
+    return seen
+
+
+def test_a_function_reads_a_sharded_variable_whole_and_updates_every_shard(sharded):
+    strategy, coordinator = sharded
+    with strategy.scope():
+        table = nd.Variable(torch.arange(20.0).reshape(10, 2), name="table")
+    assert [s.shape[0] for s in table.variables] == [3, 3, 2, 2]
+    seen = coordinator.schedule(_whole_then_add, args=(table,)).get()
+    assert torch.equal(seen, torch.arange(20.0).reshape(10, 2))
+    expected = torch.arange(20.0).reshape(10, 2) + torch.arange(10.0)[:, None]
+    assert torch.equal(table.read_value(), expected)
+    assert torch.equal(table.variables[3].read_value(), expected[8:])
+
+
+def test_the_first_error_is_raised_once_from_schedule_and_from_done(sharded):
+    strategy, coordinator = sharded
+    with strategy.scope():
+        v = nd.Variable(torch.zeros(2), name="e")
+    failed = coordinator.schedule(_fails, args=(v,))
+    with pytest.raises(KeyError):
+        failed.get()  # finished: the coordinator holds its error (set under the same lock)
+    with pytest.raises(KeyError, match=r"no such row.*/job:worker/task:0"):
+        coordinator.schedule(_add_one, args=(v,))
+    coordinator.join()  # the error was raised once: nothing more to raise
+    assert torch.equal(v.read_value(), torch.zeros(2)), "the refused schedule ran"
+
+    failed = coordinator.schedule(_fails, args=(v,))
+    with pytest.raises(KeyError):
+        failed.get()
+    with pytest.raises(KeyError, match="no such row"):
+        coordinator.done()
+    assert coordinator.done()
+
+
+def test_a_function_that_cannot_be_pickled_names_the_fix(sharded):
+    _, coordinator = sharded
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"cannot send the function of '<lambda>'.*inside the"):
+        coordinator.schedule(lambda: lock.locked())
