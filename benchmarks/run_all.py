@@ -29,6 +29,7 @@ BENCHMARKS = [
     ("engines", "bench_engines.py"),
     ("checkpoint", "bench_checkpoint.py"),
     ("multi_worker_checkpoint", "bench_multi_worker_checkpoint.py"),
+    ("parameter_server", "bench_parameter_server.py"),
 ]
 
 
