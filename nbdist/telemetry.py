@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, MutableSequence, Sequence
 
 __all__ = ["HISTOGRAM_BINS", "CollectiveRecord", "OpAggregate", "StepRecord", "Telemetry", "now"]
 
@@ -113,6 +113,7 @@ class Telemetry:
         """Collective records ever appended (to send only the new ones)."""
         self.steps_appended = 0
         """Step records ever appended."""
+        self._pending: dict[Hashable, tuple] = {}
 
     def _make_room(self) -> None:
         if len(self._log) == self._capacity:
@@ -162,6 +163,47 @@ class Telemetry:
             self.version += 1
             self.appended += 1
 
+    def begin(
+        self,
+        key: Hashable,
+        op: str,
+        replicas: tuple[int, ...],
+        arrivals: MutableSequence[float | None],
+    ) -> None:
+        """Mark a collective as in progress until `end(key)` (what the dashboard's stuck view
+        reads). `arrivals` has one entry per replica: its `now()` when it arrived, None until
+        then; the caller fills it in as replicas arrive (it is read, never copied, here).
+        Costs one dict store: it runs on every collective.
+
+        Example:
+            >>> t = Telemetry()
+            >>> t.begin(7, "all_reduce:SUM", (0, 1), [now(), None])
+            >>> [(op, arrived[1], key) for op, _, arrived, key in t.in_flight()]
+            [('all_reduce:SUM', None, 7)]
+            >>> t.end(7); t.in_flight()
+            []
+        """
+        if self.enabled:
+            self._pending[key] = (op, replicas, arrivals)
+            self.version += 1
+
+    def end(self, key: Hashable) -> None:
+        """The collective `begin(key, ...)` marked is over (finished or failed)."""
+        if self._pending.pop(key, None) is not None:
+            self.version += 1
+
+    def in_flight(self) -> list[tuple]:
+        """The collectives in progress as `(op, replicas, arrivals, key)`, arrivals in
+        wall-clock seconds (None: that replica has not arrived yet); `key` is `begin`'s when it
+        is an int (the collective's number in a process group, the same on every process, so
+        the notebook can line several processes' halves up), else None."""
+        offset = self._offset
+        return [
+            (op, tuple(replicas), tuple(None if a is None else a + offset for a in arrivals),
+             key if isinstance(key, int) else None)
+            for key, (op, replicas, arrivals) in tuple(self._pending.items())
+        ]  # fmt: skip
+
     def record_step(self, replicas: tuple[int, ...], start: float, duration: float) -> None:
         """Append one step (`strategy.run`) record.
 
@@ -185,18 +227,15 @@ class Telemetry:
         offset = self._offset
         collectives = min(collectives, len(self._log))
         steps = min(steps, len(self._steps))
-        recent = self.records(last=collectives) if collectives else []
+        recent = list(itertools.islice(reversed(self._log), collectives))[::-1]
         step_tail = list(itertools.islice(reversed(self._steps), steps))[::-1]
         return {
-            "collectives": [
-                (r.op, r.nbytes, r.implementation, r.replicas, r.start + offset, r.duration,
-                 r.waits)
-                for r in recent
-            ],
+            "collectives": [_as_tuple(entry, offset) for entry in recent],
             "steps": [(reps, start + offset, duration) for reps, start, duration in step_tail],
+            "pending": self.in_flight(),
             "appended": self.appended,
             "steps_appended": self.steps_appended,
-        }  # fmt: skip
+        }
 
     def snapshot(self) -> dict:
         """Every record as plain tuples with wall-clock times (picklable, for the notebook).
@@ -205,18 +244,16 @@ class Telemetry:
             >>> t = Telemetry()
             >>> t.record("all_gather", 8, "local", (0,), now(), 0.001, (0.0,))
             >>> sorted(Telemetry().snapshot())
-            ['aggregates', 'appended', 'collectives', 'steps', 'steps_appended']
+            ['aggregates', 'appended', 'collectives', 'pending', 'steps', 'steps_appended']
         """
         offset = self._offset
-        collectives = [
-            (r.op, r.nbytes, r.implementation, r.replicas, r.start + offset, r.duration, r.waits)
-            for r in self.records()
-        ]
-        steps = [(s.replicas, s.start + offset, s.duration) for s in self.steps()]
+        collectives = [_as_tuple(entry, offset) for entry in list(self._log)]
+        steps = [(reps, start + offset, duration) for reps, start, duration in list(self._steps)]
         aggregates = {op: dataclasses.asdict(a) for op, a in self.aggregates.items()}
         return {
             "collectives": collectives,
             "steps": steps,
+            "pending": self.in_flight(),
             "aggregates": aggregates,
             "appended": self.appended,
             "steps_appended": self.steps_appended,
@@ -256,6 +293,18 @@ def _as_record(entry: tuple) -> CollectiveRecord:
     first, last = min(arrivals), max(arrivals)
     waits = tuple(last - a for a in arrivals)
     return CollectiveRecord(op, nbytes, implementation, replicas, first, ready - first, waits)
+
+
+def _as_tuple(entry: tuple, offset: float) -> tuple:
+    """A log entry as `(op, nbytes, implementation, replicas, start, duration, waits)` with a
+    wall-clock start (no CollectiveRecord built: snapshots of 10,000 records stay cheap)."""
+    if len(entry) == 7:
+        op, nbytes, implementation, replicas, start, duration, waits = entry
+        return (op, nbytes, implementation, replicas, start + offset, duration, tuple(waits))
+    op, nbytes, implementation, replicas, arrivals, ready = entry
+    first, last = min(arrivals), max(arrivals)
+    waits = tuple(last - a for a in arrivals)
+    return (op, nbytes, implementation, replicas, first + offset, ready - first, waits)
 
 
 def now() -> float:

@@ -20,7 +20,10 @@ import json
 import os
 from collections.abc import Sequence
 
-__all__ = ["blame", "chrome_trace", "step_split", "straggler"]
+__all__ = ["STUCK_S", "blame", "chrome_trace", "step_split", "straggler", "stuck"]
+
+STUCK_S = 5.0
+"""A collective whose first replica arrived longer ago than this is shown as stuck."""
 
 
 def blame(collectives: Sequence[tuple], window: int | None = None) -> dict[int, float]:
@@ -42,6 +45,30 @@ def straggler(collectives: Sequence[tuple], window: int | None = None) -> int | 
     if not totals or max(totals.values()) <= 0:
         return None
     return max(totals, key=totals.__getitem__)
+
+
+def stuck(pending: Sequence[tuple], now: float, after: float = STUCK_S) -> list[dict]:
+    """The collectives in progress (`(op, replicas, arrivals, ...)`, an arrival being a
+    wall-clock time or None while that replica has not arrived) whose first arrival is `after`
+    seconds old or more: `op`, `since`, `waited`, which replicas have `arrived` and are
+    `missing`.
+
+    Example:
+        >>> stuck([("all_reduce:SUM", (0, 1), (10.0, None))], now=16.0)
+        [{'op': 'all_reduce:SUM', 'since': 10.0, 'waited': 6.0, 'arrived': [0], 'missing': [1]}]
+    """
+    out = []
+    for op, replicas, arrivals, *_ in pending:
+        known = [a for a in arrivals if a is not None]
+        if not known or now - min(known) < after:
+            continue
+        since = min(known)
+        out.append(
+            {"op": op, "since": since, "waited": now - since,
+             "arrived": [r for r, a in zip(replicas, arrivals) if a is not None],
+             "missing": [r for r, a in zip(replicas, arrivals) if a is None]}
+        )  # fmt: skip
+    return out
 
 
 def step_split(steps: Sequence[tuple], collectives: Sequence[tuple]) -> list[tuple]:

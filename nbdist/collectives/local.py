@@ -95,6 +95,8 @@ class LocalGroup:
     def begin_run(self) -> None:
         """Reset the rendezvous before a `strategy.run`."""
         with self._cond:
+            for slot in getattr(self, "_slots", {}).values():
+                self._end(slot)
             self._calls = [0] * self.size
             self._slots: dict[int, _Slot] = {}
             self._finished: set[int] = set()
@@ -148,6 +150,8 @@ class LocalGroup:
             slot = self._slots.get(index)
             if slot is None:
                 slot = self._slots[index] = _Slot(kind, self.size)
+                if self.telemetry is not None:  # in progress, for the dashboard's stuck view
+                    self.telemetry.begin(slot, kind, self._replica_ids, slot.arrivals)
             elif slot.kind != kind:
                 first = next(i for i, a in enumerate(slot.arrivals) if a is not None)
                 slot.state = "failed"
@@ -157,6 +161,7 @@ class LocalGroup:
                     "replica must call the same collectives in the same order."
                 )
                 self._cond.notify_all()
+                self._end(slot)
                 raise slot.error
             slot.payloads[replica] = payload
             slot.events[replica] = _producer_event()
@@ -166,7 +171,11 @@ class LocalGroup:
                 combining = True
             else:
                 combining = False
-                self._wait(slot, index, replica, deadline, timeout)
+                try:
+                    self._wait(slot, index, replica, deadline, timeout)
+                except BaseException:
+                    self._end(slot)
+                    raise
         if combining:
             try:
                 _wait_for(slot.events)
@@ -176,6 +185,7 @@ class LocalGroup:
                 with self._cond:
                     slot.state, slot.error = "failed", error
                     self._cond.notify_all()
+                self._end(slot)
                 raise
             ready = time.perf_counter()
             with self._cond:
@@ -184,6 +194,7 @@ class LocalGroup:
                 self._cond.notify_all()
             self._record(slot, kind, nbytes, implementation)
         if slot.state == "failed":
+            self._end(slot)
             raise slot.error  # type: ignore[misc]
         _wait_for([slot.done_event])
         result = slot.shared if finish is None else finish(slot.shared, replica)
@@ -228,8 +239,14 @@ class LocalGroup:
                 "(e.g. no all_reduce or merge_call under `if replica_id == 0`)."
             )
 
+    def _end(self, slot: _Slot) -> None:
+        if self.telemetry is not None:
+            self.telemetry.end(slot)
+
     def _record(self, slot: _Slot, kind: str, nbytes: int, implementation: str) -> None:
         telemetry = self.telemetry
+        if telemetry is not None:
+            telemetry.end(slot)
         if telemetry is not None and telemetry.enabled:
             telemetry.record_arrivals(
                 kind, nbytes, implementation, self._replica_ids, slot.arrivals, slot.ready_at

@@ -276,6 +276,9 @@ class DistGroup:
                 "Restart the workers and create a new strategy."
             )
         self._entered += 1
+        telemetry, key = self.telemetry, self._entered
+        if telemetry is not None:  # in progress, for the dashboard's stuck view
+            telemetry.begin(key, what, (self.rank,), [time.perf_counter()])
         try:
             if timeout is None or timeout == self.timeout:
                 return launch(False)
@@ -284,6 +287,9 @@ class DistGroup:
             return work
         except RuntimeError as error:
             raise self._diagnose(what, error) from error
+        finally:
+            if telemetry is not None:
+                telemetry.end(key)
 
     def check(
         self,

@@ -18,8 +18,9 @@ def new_figure(width: float, height: float, dpi: int = 80) -> Figure:
     return fig
 
 
-def png_bytes(fig: Figure) -> bytes:
-    """The figure as PNG."""
+def png_bytes(fig: Figure, compress_level: int = 1) -> bytes:
+    """The figure as PNG. Level 1 (the default, for live views) encodes several times faster
+    than zlib's default 6 for a few percent more bytes; `save` uses 6."""
     buffer = io.BytesIO()
-    fig.canvas.print_png(buffer)
+    fig.canvas.print_png(buffer, pil_kwargs={"compress_level": compress_level})
     return buffer.getvalue()

@@ -52,6 +52,7 @@ class LocalSource:
             "engines": engines,
             "collectives": snap["collectives"],
             "steps": snap["steps"],
+            "pending": snap["pending"],
             "aggregates": snap["aggregates"],
             "metrics": metric_log().records(),
             "holdings": {0: rows},
@@ -96,6 +97,7 @@ class ClusterSource:
         if fresh > 0:
             snap["metrics"] = (snap["metrics"] + feed["metrics"][-fresh:])[-_KEEP:]
             snap["metrics_appended"] = feed["metrics_appended"]
+        tel["pending"] = new.get("pending", [])
         snap["memory"] = feed["memory"]
         snap["time"] = feed["time"]
         self._seen[rank] = feed["time"]
@@ -143,12 +145,17 @@ class ClusterSource:
         aggregates: dict[str, dict] = {}
         for s in self._snapshots.values():
             aggregates.update(s["telemetry"].get("aggregates", {}))
+        pending = _merge_pending(
+            {r: s["telemetry"].get("pending", []) for r, s in self._snapshots.items()},
+            sorted(row.rank for row in status),
+        )
         dead = [row.rank for row in status if row.state == "dead"]
         note = f"Engine(s) of replica(s) {dead} are dead: `%dist restart`." if dead else ""
         return {
             "engines": engines,
             "collectives": collectives,
             "steps": steps,
+            "pending": pending,
             "aggregates": aggregates,
             "metrics": sorted(
                 (m for s in self._snapshots.values() for m in s["metrics"]), key=lambda m: m[4]
@@ -178,6 +185,28 @@ def _merge_collectives(per_engine: list[list[tuple]]) -> list[tuple]:
              tuple(last - a for a in arrivals))
         )  # fmt: skip
     return merged
+
+
+def _merge_pending(per_engine: dict[int, list[tuple]], ranks: list[int]) -> list[tuple]:
+    """Engines each mark their own half of a collective in progress, numbered the same on
+    every engine: one `(op, replicas, arrivals)` per number, with None for every engine that
+    has not arrived at it.
+
+    Example:
+        >>> _merge_pending({0: [("all_reduce:SUM", (0,), (5.0,), 12)], 1: []}, [0, 1])
+        [('all_reduce:SUM', (0, 1), (5.0, None))]
+    """
+    by_key: dict[Any, tuple[str, dict[int, float]]] = {}
+    for rank, pending in per_engine.items():
+        for op, replicas, arrivals, *rest in pending:
+            key = rest[0] if rest and rest[0] is not None else ("local", rank, op)
+            _, arrived = by_key.setdefault(key, (op, {}))
+            for replica, when in zip(replicas, arrivals):
+                if when is not None:
+                    arrived[rank if len(replicas) == 1 else replica] = when
+    return [
+        (op, tuple(ranks), tuple(arrived.get(r) for r in ranks)) for op, arrived in by_key.values()
+    ]
 
 
 def source_for(target: Any = None) -> Any:

@@ -165,7 +165,7 @@ class Dashboard(ipywidgets.VBox):
         data = self.data or self.refresh()
         fig = new_figure(10, 11)
         draw_dashboard(fig, data)
-        return png_bytes(fig)
+        return png_bytes(fig, compress_level=6)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write every view as one PNG picture to `path`.

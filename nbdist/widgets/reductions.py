@@ -1,82 +1,290 @@
 """The reductions view: a timeline of collectives per replica, who waited for whom (the
-straggler by name), bandwidth against message size, and compute vs communication per step."""
+straggler by name), bandwidth against message size, compute vs communication per step, every
+record counted per op, and a collective stuck for more than `STUCK_S` seconds shown in red with
+the replicas that have arrived and those that have not.
+
+Redraws are cheap (Note [Fast redraw]): the view keeps one Figure and its artists and only
+hands them new numbers; nothing here loops in Python over more than the few hundred newest
+records, except one pass that counts every record per op.
+"""
 
 from __future__ import annotations
 
+import collections
+import html
+import time
 from typing import Any
 
 import ipywidgets
+import numpy as np
+from matplotlib.collections import PolyCollection
+from matplotlib.patches import Patch
+from matplotlib.ticker import Formatter, FuncFormatter
 
-from nbdist.timeline import blame, step_split, straggler
+from nbdist.timeline import STUCK_S, blame, step_split, straggler, stuck
 from nbdist.widgets._canvas import new_figure, png_bytes
 
-__all__ = ["ReductionsView", "draw_reductions"]
+__all__ = ["STUCK_S", "ReductionsPanels", "ReductionsView", "draw_reductions", "op_totals"]
 
 _TIMELINE = 200  # newest collectives drawn on the timeline
 _WINDOW = 500  # collectives the blame is computed over
 _SCATTER = 1_000  # newest collectives on the bandwidth chart
+_WAITING, _WORKING = "#f4a261", "#2a6f97"
+_COMPUTE = "#2a9d8f"
+
+# Note [Fast redraw]: drawing a figure from scratch (Figure, axes, one artist per bar, ticks
+# laid out anew, PNG at full compression) cost ~1 s for 10,000 records. The panels below are
+# built once; a redraw sets the vertices of a few `PolyCollection`s and the offsets of one
+# scatter per op, sets the limits from numpy min/max (no autoscaling over artists), and encodes
+# the PNG at compression level 1. Log axes are labelled with plain text (no mathtext layout).
+
+
+def _si(value: float, _pos: Any = None) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{unit}"
+    return f"{value:g}"
+
+
+class _MinorSI(Formatter):
+    """Minor log ticks labelled 2 and 5 (plain text) while the axis spans under 2 decades."""
+
+    def __call__(self, value: float, pos: Any = None) -> str:
+        low, high = sorted(self.axis.get_view_interval())
+        if low <= 0 or high / low > 100:
+            return ""
+        mantissa = value / 10 ** np.floor(np.log10(value) + 1e-9)
+        return _si(value) if round(mantissa) in (2, 5) else ""
+
+
+def _boxes(left: Any, right: Any, bottom: Any, top: Any) -> np.ndarray:
+    """(n, 4, 2) rectangle vertices for a PolyCollection (arguments broadcast to n)."""
+    left, right, bottom, top = np.broadcast_arrays(left, right, bottom, top)
+    verts = np.empty((len(left), 4, 2))
+    verts[:, 0, 0] = verts[:, 1, 0] = left
+    verts[:, 2, 0] = verts[:, 3, 0] = right
+    verts[:, 0, 1] = verts[:, 3, 1] = bottom
+    verts[:, 1, 1] = verts[:, 2, 1] = top
+    return verts
+
+
+def op_totals(records: list[tuple], aggregates: dict | None = None) -> dict[str, dict]:
+    """Per op: `count`, `nbytes` and `seconds` over the kept records plus those folded into
+    `aggregates` (`folded` says how many of `count` were folded): every record accounted for.
+
+    Example:
+        >>> op_totals([("all_gather", 8, "local", (0,), 0.0, 0.5, (0.0,))],
+        ...           {"all_gather": {"count": 2, "nbytes": 16, "seconds": 1.0}})
+        {'all_gather': {'count': 3, 'nbytes': 24, 'seconds': 1.5, 'folded': 2}}
+    """
+    counts = collections.Counter(r[0] for r in records)
+    out: dict[str, dict] = {}
+    if len(counts) == 1:
+        ((op, n),) = counts.items()
+        out[op] = {"count": n, "nbytes": sum(r[1] for r in records),
+                   "seconds": float(sum(r[5] for r in records)), "folded": 0}  # fmt: skip
+    else:
+        for op, n in counts.items():
+            out[op] = {"count": n, "nbytes": 0, "seconds": 0.0, "folded": 0}
+        for r in records:
+            totals = out[r[0]]
+            totals["nbytes"] += r[1]
+            totals["seconds"] += r[5]
+    for op, folded in (aggregates or {}).items():
+        totals = out.setdefault(op, {"count": 0, "nbytes": 0, "seconds": 0.0, "folded": 0})
+        totals["count"] += folded["count"]
+        totals["nbytes"] += folded["nbytes"]
+        totals["seconds"] += folded["seconds"]
+        totals["folded"] += folded["count"]
+    return out
+
+
+class ReductionsPanels:
+    """The four reduction panels in `fig` (a Figure or SubFigure), built once and updated by
+    `show(data)` (see Note [Fast redraw]).
+
+    Example:
+        >>> from nbdist.widgets._canvas import new_figure
+        >>> panels = ReductionsPanels(new_figure(9, 5.5))
+        >>> panels.show({"collectives": [], "steps": []})
+    """
+
+    def __init__(self, fig: Any):
+        self.fig = fig
+        self.timeline, self.waits, self.bandwidth, self.steps = fig.subplots(2, 2).ravel()
+        # Edges as wide as a line, so a collective of a few microseconds still shows.
+        self.waiting = self.timeline.add_collection(
+            PolyCollection([], facecolors=_WAITING, edgecolors=_WAITING, linewidths=1.0)
+        )
+        self.working = self.timeline.add_collection(
+            PolyCollection([], facecolors=_WORKING, edgecolors=_WORKING, linewidths=1.0)
+        )
+        self.timeline.set_xlabel("seconds (orange: waiting for others)")
+        self.bars = self.waits.add_collection(PolyCollection([]))
+        self.waits.set_xlabel("replica")
+        self.waits.set_ylabel("others waited for it (ms)")
+        self.bandwidth.set_xscale("log")
+        self.bandwidth.set_yscale("log")
+        for axis in (self.bandwidth.xaxis, self.bandwidth.yaxis):
+            axis.set_major_formatter(FuncFormatter(_si))
+            axis.set_minor_formatter(_MinorSI())
+        self.bandwidth.set_xlabel("message bytes")
+        self.bandwidth.set_ylabel("MB/s")
+        self.scatters: dict[str, Any] = {}
+        self.compute = self.steps.add_collection(PolyCollection([], facecolors=_COMPUTE))
+        self.comm = self.steps.add_collection(PolyCollection([], facecolors=_WAITING))
+        self.steps.set_xlabel("step")
+        self.steps.set_ylabel("ms")
+        self.steps.legend(
+            handles=[Patch(color=_COMPUTE, label="compute"),
+                     Patch(color=_WAITING, label="communication")],
+            fontsize=7, loc="upper right",
+        )  # fmt: skip
+        self._replicas: list[int] = []
+        self._bar_names: list[str] = []
+
+    def show(self, data: dict) -> None:
+        """Put `data`'s numbers into the panels (draws nothing by itself)."""
+        records = data["collectives"]
+        self._timeline(records[-_TIMELINE:])
+        self._blame(records)
+        self._bandwidth(records[-_SCATTER:])
+        self._steps(step_split(data["steps"][-_TIMELINE:], records[-4 * _TIMELINE :]))
+
+    def _timeline(self, recent: list[tuple]) -> None:
+        t0 = recent[0][4] if recent else 0.0
+        rows, arrival, wait, work = [], [], [], []
+        for _, _, _, reps, start, duration, w in recent:
+            latest = max(w) if len(w) > 1 else 0.0
+            for replica, waited in zip(reps, w):
+                rows.append(replica)
+                offset = latest - waited  # this replica arrived `offset` after the first
+                arrival.append(start + offset - t0)
+                wait.append(waited)
+                work.append(max(duration - offset - waited, 0.0))
+        y, x = np.asarray(rows, float), np.asarray(arrival)
+        wait_a, work_a = np.asarray(wait), np.asarray(work)
+        self.waiting.set_verts(_boxes(x, x + wait_a, y - 0.4, y + 0.4))
+        self.working.set_verts(_boxes(x + wait_a, x + wait_a + work_a, y - 0.4, y + 0.4))
+        replicas = sorted(set(rows))
+        if replicas != self._replicas:
+            self._replicas = replicas
+            self.timeline.set_yticks(replicas, [f"replica {r}" for r in replicas])
+        ax = self.timeline
+        ax.set_ylim(min(replicas, default=0) - 0.6, max(replicas, default=1) + 0.6)
+        end = float((x + wait_a + work_a).max()) if len(x) else 1.0
+        ax.set_xlim(0.0, end * 1.02 if end > 0 else 1.0)
+        ax.set_title(f"last {len(recent)} collectives", fontsize=9)
+
+    def _blame(self, records: list[tuple]) -> None:
+        totals = blame(records, _WINDOW)
+        late = straggler(records, _WINDOW)
+        names = [str(r) for r in totals]
+        heights = np.array([v * 1e3 for v in totals.values()])
+        positions = np.arange(len(names), dtype=float)
+        self.bars.set_verts(_boxes(positions - 0.4, positions + 0.4, 0.0, heights))
+        self.bars.set_facecolors(["#e63946" if r == late else "#8d99ae" for r in totals])
+        if names != self._bar_names:
+            self._bar_names = names
+            self.waits.set_xticks(positions, names)
+        self.waits.set_xlim(-0.6, max(len(names), 1) - 0.4)
+        top = float(heights.max()) if len(heights) else 0.0
+        self.waits.set_ylim(0.0, top * 1.1 if top > 0 else 1.0)
+        self.waits.set_title(
+            f"straggler: replica {late}" if late is not None else "no straggler", fontsize=9
+        )
+
+    def _bandwidth(self, chosen: list[tuple]) -> None:
+        by_op: dict[str, tuple[list, list]] = {}
+        for op, nbytes, _, _, _, duration, _ in chosen:
+            if duration > 0 and nbytes > 0:
+                xs, ys = by_op.setdefault(op, ([], []))
+                xs.append(nbytes)
+                ys.append(nbytes / duration / 1e6)
+        ax = self.bandwidth
+        if set(by_op) != set(self.scatters):
+            for artist in self.scatters.values():
+                artist.remove()
+            self.scatters = {op: ax.scatter([], [], s=6, label=op) for op in sorted(by_op)}
+            if self.scatters:
+                ax.legend(fontsize=7, loc="upper left")
+            elif ax.get_legend() is not None:
+                ax.get_legend().remove()
+        lows, highs = [], []
+        for op, (xs, ys) in by_op.items():
+            points = np.column_stack([xs, ys])
+            self.scatters[op].set_offsets(points)
+            lows.append(points.min(axis=0))
+            highs.append(points.max(axis=0))
+        if lows:
+            low, high = np.min(lows, axis=0), np.max(highs, axis=0)
+            ax.set_xlim(low[0] / 1.5, high[0] * 1.5)
+            ax.set_ylim(low[1] / 1.5, high[1] * 1.5)
+        else:
+            ax.set_xlim(1.0, 1e6)
+            ax.set_ylim(1.0, 1e3)
+
+    def _steps(self, split: list[tuple]) -> None:
+        if not split:
+            self.compute.set_verts([])
+            self.comm.set_verts([])
+            self.steps.set_xlim(0.0, 1.0)
+            self.steps.set_ylim(0.0, 1.0)
+            return
+        parts = np.asarray(split, float)
+        comm = parts[:, 2] * 1e3
+        compute = (parts[:, 1] - parts[:, 2]) * 1e3
+        xs = np.arange(len(split), dtype=float)
+
+        def band(lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+            return np.concatenate([np.column_stack([xs, lower]),
+                                   np.column_stack([xs[::-1], upper[::-1]])])  # fmt: skip
+
+        self.compute.set_verts([band(np.zeros_like(compute), compute)])
+        self.comm.set_verts([band(compute, compute + comm)])
+        self.steps.set_xlim(0.0, max(len(split) - 1, 1))
+        top = float((compute + comm).max())
+        self.steps.set_ylim(0.0, top * 1.15 if top > 0 else 1.0)
 
 
 def draw_reductions(fig: Any, data: dict) -> None:
     """Draw the four reduction panels into `fig` (a Figure or SubFigure)."""
-    records = data["collectives"]
-    axes = fig.subplots(2, 2)
-    timeline, waits, bandwidth, steps = axes.ravel()
-    recent = records[-_TIMELINE:]
-    t0 = recent[0][4] if recent else 0.0
-    replicas = sorted({r for rec in records for r in rec[3]})
-    for replica in replicas:
-        waiting, working = [], []
-        for _, _, _, reps, start, duration, w in recent:
-            if replica in reps:
-                wait = w[reps.index(replica)]
-                arrival = start + (max(w) - wait if len(w) > 1 else 0.0) - t0
-                waiting.append((arrival, wait))
-                working.append((arrival + wait, max(duration - (arrival + t0 - start) - wait, 0)))
-        timeline.broken_barh(waiting, (replica - 0.4, 0.8), color="#f4a261")
-        timeline.broken_barh(working, (replica - 0.4, 0.8), color="#2a6f97")
-    timeline.set_yticks(replicas, [f"replica {r}" for r in replicas])
-    timeline.set_xlabel("seconds (orange: waiting for others)")
-    timeline.set_title(f"last {len(recent)} collectives", fontsize=9)
-    totals = blame(records, _WINDOW)
-    late = straggler(records, _WINDOW)
-    names = [str(r) for r in totals]
-    colors = ["#e63946" if r == late else "#8d99ae" for r in totals]
-    waits.bar(names, [v * 1e3 for v in totals.values()], color=colors)
-    waits.set_xlabel("replica")
-    waits.set_ylabel("others waited for it (ms)")
-    waits.set_title(
-        f"straggler: replica {late}" if late is not None else "no straggler", fontsize=9
+    ReductionsPanels(fig).show(data)
+
+
+def stuck_html(data: dict, now: float | None = None) -> str:
+    """A red note per collective waiting longer than `STUCK_S` (empty when none is)."""
+    now = time.time() if now is None else now
+    notes = []
+    for s in stuck(data.get("pending", ()), now):
+        since = time.strftime("%H:%M:%S", time.localtime(s["since"]))
+        arrived = ", ".join(str(r) for r in s["arrived"]) or "none"
+        missing = ", ".join(str(r) for r in s["missing"]) or "none"
+        notes.append(
+            f"<div class='nd-stuck' style='color:#e63946;font-weight:bold'>⚠ stuck: "
+            f"{html.escape(s['op'])} waiting since {since} ({s['waited']:.0f} s) · arrived: "
+            f"replica(s) {arrived} · not arrived: "
+            f"<span class='nd-missing'>replica(s) {missing}</span></div>"
+        )
+    return "".join(notes)
+
+
+def _totals_html(totals: dict[str, dict]) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(op)}</td><td class='nd-op-count'>{t['count']}</td>"
+        f"<td>{t['folded']}</td><td>{t['nbytes']}</td>"
+        f"<td>{t['seconds'] / t['count'] * 1e3 if t['count'] else 0:.3f}</td></tr>"
+        for op, t in sorted(totals.items())
     )
-    by_op: dict[str, tuple[list, list]] = {}
-    for op, nbytes, _, _, _, duration, _ in records[-_SCATTER:]:
-        if duration > 0 and nbytes > 0:
-            xs, ys = by_op.setdefault(op, ([], []))
-            xs.append(nbytes)
-            ys.append(nbytes / duration / 1e6)
-    for op, (xs, ys) in by_op.items():
-        bandwidth.scatter(xs, ys, s=6, label=op)
-    if by_op:
-        bandwidth.set_xscale("log")
-        bandwidth.set_yscale("log")
-        bandwidth.legend(fontsize=7, loc="upper left")
-    bandwidth.set_xlabel("message bytes")
-    bandwidth.set_ylabel("MB/s")
-    split = step_split(data["steps"][-_TIMELINE:], records[-4 * _TIMELINE :])
-    xs = range(len(split))
-    comm = [c * 1e3 for _, _, c in split]
-    compute = [(d - c) * 1e3 for _, d, c in split]
-    if split:
-        steps.stackplot(list(xs), compute, comm, colors=["#2a9d8f", "#f4a261"],
-                        labels=["compute", "communication"])  # fmt: skip
-    steps.set_xlabel("step")
-    steps.set_ylabel("ms")
-    if split:
-        steps.legend(fontsize=7, loc="upper right")
+    return (
+        "<table class='nd-op-totals'><tr><th>op</th><th>count</th><th>folded</th><th>bytes</th>"
+        f"<th>mean ms</th></tr>{rows}</table>"
+    )
 
 
 class ReductionsView:
-    """The reductions view as an `ipywidgets.Image` redrawn only when records changed."""
+    """The reductions view: an `ipywidgets.Image` redrawn only when records changed, and a
+    caption (straggler, records per op, a stuck collective) updated on every refresh."""
 
     title = "Reductions"
 
@@ -88,20 +296,36 @@ class ReductionsView:
         self.key: Any = None
         self.straggler: int | None = None
         self.count = 0
+        self.totals: dict[str, dict] = {}
+        self.stuck = ""
+        self._summary = ""
+        self._panels: ReductionsPanels | None = None
 
     def update(self, data: dict) -> bool:
         records = data["collectives"]
+        stuck_note = stuck_html(data)
         key = (len(records), records[-1][4] if records else None, len(data["steps"]))
         if key == self.key:
+            if stuck_note != self.stuck:
+                self.stuck = stuck_note
+                self.caption.value = stuck_note + self._summary
             return False
         self.key = key
         self.count = len(records)
+        self.totals = op_totals(records, data.get("aggregates"))
         self.straggler = straggler(records, _WINDOW)
-        fig = new_figure(9, 5.5)
-        draw_reductions(fig, data)
-        self.image.value = png_bytes(fig)
+        if self._panels is None:
+            self._panels = ReductionsPanels(new_figure(9, 5.5))
+        self._panels.show(data)
+        self.image.value = png_bytes(self._panels.fig)
         late = f"replica {self.straggler}" if self.straggler is not None else "none"
-        self.caption.value = (
-            f"<span class='nd-count'>{self.count}</span> collectives · straggler: {late}"
+        folded = sum(t["folded"] for t in self.totals.values())
+        self._summary = (
+            f"<span class='nd-count'>{self.count}</span> collectives"
+            + (f" (+{folded} older, folded into the totals)" if folded else "")
+            + f" · straggler: {late}"
+            + _totals_html(self.totals)
         )
+        self.stuck = stuck_note
+        self.caption.value = stuck_note + self._summary
         return True

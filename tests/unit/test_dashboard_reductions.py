@@ -1,0 +1,105 @@
+"""The reductions view with many records (every record accounted for) and a stuck collective
+(who has arrived and who has not), on a real in-process strategy."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import nbdist as nd
+from nbdist.metrics import metric_log
+from nbdist.telemetry import now
+from nbdist.timeline import STUCK_S
+from nbdist.widgets import Dashboard
+
+pytest.importorskip("ipywidgets")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_metrics():
+    metric_log().clear()
+    yield
+    metric_log().clear()
+
+
+def _record(telemetry, count: int) -> None:
+    t = now()
+    for i in range(count):
+        start = t + i * 1e-3
+        late = (start, start + 2e-4) if i % 3 else (start + 1e-4, start)
+        op = "all_reduce:SUM" if i % 4 else "all_gather"
+        telemetry.record_arrivals(op, 4096 * (1 + i % 8), "local", (0, 1), late, start + 5e-4)
+
+
+def test_a_10k_record_redraw_accounts_for_every_record():
+    strategy = nd.MirroredStrategy(["cpu:0", "cpu:1"])
+    telemetry = strategy.extended.telemetry
+    telemetry.clear()
+    _record(telemetry, 10_000)
+    board = Dashboard(strategy, live=False, namespace={})
+    try:
+        view = board.reductions
+        assert view.count == 10_000
+        assert sum(t["count"] for t in view.totals.values()) == 10_000
+        assert view.totals["all_gather"]["count"] == 2_500
+        assert view.totals["all_reduce:SUM"]["nbytes"] == sum(
+            4096 * (1 + i % 8) for i in range(10_000) if i % 4
+        )
+        assert "<span class='nd-count'>10000</span> collectives" in view.caption.value
+        panels = view._panels
+        assert len(panels.waiting.get_paths()) == len(panels.working.get_paths()) == 2 * 200
+        assert sum(len(s.get_offsets()) for s in panels.scatters.values()) == 1_000
+        assert len(panels.bars.get_paths()) == 2
+        assert len(view.image.value) > 10_000
+
+        # More than the log keeps: the oldest are folded into the totals, none is lost.
+        _record(telemetry, 2_345)
+        board.refresh()
+        assert view.count == 10_000
+        assert sum(t["count"] for t in view.totals.values()) == 12_345
+        assert sum(t["folded"] for t in view.totals.values()) == 2_345
+        assert "+2345 older" in view.caption.value
+    finally:
+        board.close()
+
+
+def test_a_collective_waiting_longer_than_stuck_s_names_the_missing_replica():
+    strategy = nd.MirroredStrategy(["cpu:0", "cpu:1"])
+    strategy.extended.telemetry.clear()
+    release = threading.Event()
+    results: list = []
+
+    def step():
+        ctx = nd.get_replica_context()
+        if ctx.replica_id_in_sync_group == 1:
+            assert release.wait(timeout=120), "the test never released replica 1"
+        return ctx.all_reduce("sum", torch.ones(2))
+
+    runner = threading.Thread(target=lambda: results.append(strategy.run(step)))
+    board = Dashboard(strategy, live=False, namespace={})
+    runner.start()
+    try:
+        pace = threading.Event()  # never set: a timed pause between polls
+        deadline = time.monotonic() + STUCK_S + 60
+        while "nd-stuck" not in board.reductions.caption.value and time.monotonic() < deadline:
+            pace.wait(0.2)
+            board.refresh()
+        caption = board.reductions.caption.value
+        assert "stuck: all_reduce:SUM" in caption
+        assert "arrived: replica(s) 0" in caption
+        assert "not arrived: <span class='nd-missing'>replica(s) 1</span>" in caption
+        assert runner.is_alive()  # replica 0 is still waiting in the all-reduce
+    finally:
+        release.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    try:
+        assert len(results) == 1
+        board.refresh()
+        assert "nd-stuck" not in board.reductions.caption.value
+        assert "straggler: replica 1" in board.reductions.caption.value
+    finally:
+        board.close()
