@@ -78,7 +78,33 @@ def step_split(steps: Sequence[tuple], collectives: Sequence[tuple]) -> list[tup
     Example:
         >>> step_split([((0,), 0.0, 1.0)], [("x", 8, "local", (0,), 0.2, 0.3, (0.0,))])
         [(0.0, 1.0, 0.3)]
+
+    One entry per training step, not per replica and step: engines each record their own
+    steps (`(rank,)`), and the n-th step of every engine (counted from the newest) is one
+    step, with the earliest start and the replicas' mean duration and communication.
+
+        >>> steps = [((0,), 0.0, 1.0), ((1,), 0.1, 0.8), ((0,), 1.0, 1.0), ((1,), 1.0, 1.0)]
+        >>> [(s, round(d, 2), c) for s, d, c in step_split(steps, [])]
+        [(0.0, 0.9, 0.0), (1.0, 1.0, 0.0)]
     """
+    groups: dict[tuple, list[tuple]] = {}
+    for record in steps:
+        groups.setdefault(tuple(record[0]), []).append(record)
+    if len(groups) <= 1:
+        return _split_one(steps, collectives)
+    splits = [_split_one(group, collectives) for group in groups.values()]
+    count = min(len(split) for split in splits)
+    out = []
+    for parts in zip(*(split[len(split) - count :] for split in splits)):
+        n = len(parts)
+        out.append(
+            (min(p[0] for p in parts), sum(p[1] for p in parts) / n, sum(p[2] for p in parts) / n)
+        )
+    return out
+
+
+def _split_one(steps: Sequence[tuple], collectives: Sequence[tuple]) -> list[tuple]:
+    """`step_split` for the steps of one replica (or one group of replicas)."""
     ordered = sorted(collectives, key=lambda r: r[4])
     out = []
     j = 0

@@ -59,6 +59,24 @@ _POLL_S = 0.1
 _STOP_GRACE_S = 10.0
 
 
+_LAB_SETTINGS = {
+    # No "Would you like to receive official Jupyter news?" toast over the screenshots, and no
+    # request for news or updates (the machine may have no network).
+    "@jupyterlab/apputils-extension/notification": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
+}
+
+
+def _write_lab_settings(folder: Path) -> None:
+    """Write the user settings every harness server starts with (JupyterLab's own format)."""
+    for plugin, values in _LAB_SETTINGS.items():
+        path = folder / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values, indent=2))
+
+
 def chromium_available() -> bool:
     """True when the browser and Playwright are both installed (tests skip otherwise)."""
     try:
@@ -105,6 +123,7 @@ class JupyterLab:
         env["JUPYTER_RUNTIME_DIR"] = str(self.workdir / "runtime")
         env["JUPYTERLAB_SETTINGS_DIR"] = str(self.workdir / "config" / "lab-settings")
         env["JUPYTERLAB_WORKSPACES_DIR"] = str(self.workdir / "config" / "lab-workspaces")
+        _write_lab_settings(self.workdir / "config" / "lab-settings")
         self.port = free_port()
         self.url = f"http://{LOCALHOST}:{self.port}/"
         command = [

@@ -135,11 +135,10 @@ class ClusterSource:
              "heartbeat": self._seen.get(row.rank)}
             for row in status
         ]  # fmt: skip
-        collectives = _merge_collectives(
-            [s["telemetry"].get("collectives", []) for s in self._snapshots.values()]
-        )
+        telemetry = [s["telemetry"] for s in self._snapshots.values()]
+        collectives = _merge_collectives(_common_tails(telemetry, "collectives", "appended"))
         steps = sorted(
-            (st for s in self._snapshots.values() for st in s["telemetry"].get("steps", [])),
+            (st for part in _common_tails(telemetry, "steps", "steps_appended") for st in part),
             key=lambda st: st[1],
         )
         aggregates: dict[str, dict] = {}
@@ -164,6 +163,25 @@ class ClusterSource:
             "memory": {r: s["memory"] for r, s in self._snapshots.items()},
             "note": note,
         }
+
+
+def _common_tails(telemetry: list[dict], key: str, count: str) -> list[list[tuple]]:
+    """Each engine's `key` records up to the newest one that every engine has sent.
+
+    The engines' feeds arrive at different moments, so one engine's newest records can be a
+    few steps ahead of another's; `count` (records ever appended) numbers them the same on
+    every engine, and cutting each list at the smallest count lines up the n-th record from
+    the end on every engine (what `_merge_collectives` and `step_split` pair).
+
+    Example:
+        >>> _common_tails([{"c": [1, 2, 3], "n": 3}, {"c": [1, 2], "n": 2}], "c", "n")
+        [[1, 2], [1, 2]]
+    """
+    parts = [(t.get(count, len(t.get(key, []))), t.get(key, [])) for t in telemetry]
+    if not parts:
+        return []
+    newest = min(appended for appended, _ in parts)
+    return [records[: max(len(records) - (appended - newest), 0)] for appended, records in parts]
 
 
 def _merge_collectives(per_engine: list[list[tuple]]) -> list[tuple]:

@@ -7,7 +7,7 @@ import time
 
 import ipywidgets
 
-from nbdist.widgets.placement import _size
+from nbdist.widgets.placement import TABLE_STYLE, _size
 
 __all__ = ["EnginesView", "engines_html"]
 
@@ -21,9 +21,11 @@ def engines_html(data: dict) -> str:
     for e in data["engines"]:
         beat = f"{now - e['heartbeat']:.0f} s ago" if e.get("heartbeat") else "–"
         color = _COLORS.get(e["state"], "#888")
+        text = "#3d3000" if e["state"] == "busy" else "white"  # readable on yellow
         rows.append(
             f"<tr class='nd-engine nd-{e['state']}'><td>{e['replica']}</td>"
-            f"<td style='color:white;background:{color}'>{e['state']}</td>"
+            f"<td><span class='nd-state' style='background:{color};color:{text}'>"
+            f"{e['state']}</span></td>"
             f"<td>{html.escape(str(e['host']))}</td><td>{e['pid']}</td>"
             f"<td>{html.escape(str(e['device']))}</td><td>{_size(e.get('memory'))}</td>"
             f"<td>{beat}</td></tr>"
@@ -33,7 +35,10 @@ def engines_html(data: dict) -> str:
         for h in ("replica", "state", "host", "pid", "device", "memory", "last heard")
     )
     note = f"<p class='nd-note'>{html.escape(data['note'])}</p>" if data.get("note") else ""
-    return f"{note}<table class='nd-engines'><tr>{head}</tr>{''.join(rows)}</table>"
+    return (
+        f"{TABLE_STYLE}{note}<table class='nd-table nd-engines'><tr>{head}</tr>{''.join(rows)}"
+        "</table>"
+    )
 
 
 class EnginesView:

@@ -11,6 +11,17 @@ import ipywidgets
 __all__ = ["PlacementView", "placement_html"]
 
 
+TABLE_STYLE = (
+    "<style>table.nd-table{border-collapse:collapse;margin:4px 0}"
+    "table.nd-table th,table.nd-table td{padding:4px 14px;text-align:left}"
+    "table.nd-table th{border-bottom:1px solid #bbb}"
+    "table.nd-table tr:nth-child(even) td{background:rgba(0,0,0,0.03)}"
+    "table.nd-table .nd-state{border-radius:9px;padding:1px 9px;font-weight:bold}"
+    "</style>"
+)
+"""Spacing for the views' HTML tables (a `<style>` inside the widget's HTML)."""
+
+
 def _size(n: float | None) -> str:
     if n is None:
         return "–"
@@ -39,7 +50,9 @@ def placement_html(data: dict) -> str:
         f"<th>{h}</th>"
         for h in ("replica", "device", "kind", "module", "tensors", "bytes", "size", "memory")
     )
-    return f"<table class='nd-placement'><tr>{head}</tr>{''.join(rows)}</table>"
+    return (
+        f"{TABLE_STYLE}<table class='nd-table nd-placement'><tr>{head}</tr>{''.join(rows)}</table>"
+    )
 
 
 class PlacementView:

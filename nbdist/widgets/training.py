@@ -12,7 +12,8 @@ from nbdist.widgets._canvas import new_figure, png_bytes
 
 __all__ = ["TrainingView", "curves", "draw_training"]
 
-_DIVERGE = 0.05  # relative spread of the replicas' last values that is flagged
+_DIVERGE = 0.05  # relative spread of the replicas' recent means that is flagged
+_RECENT = 10  # values per replica averaged before comparing (one noisy step flags nothing)
 
 
 def curves(metrics: list[tuple]) -> dict[str, dict[int, tuple[list, list]]]:
@@ -26,7 +27,7 @@ def curves(metrics: list[tuple]) -> dict[str, dict[int, tuple[list, list]]]:
 
 
 def _diverged(per_replica: dict[int, tuple[list, list]]) -> bool:
-    last = [ys[-1] for _, ys in per_replica.values() if ys]
+    last = [sum(ys[-_RECENT:]) / len(ys[-_RECENT:]) for _, ys in per_replica.values() if ys]
     if len(last) < 2 or not all(math.isfinite(v) for v in last):
         return False
     scale = max(abs(v) for v in last) or 1.0
@@ -51,7 +52,12 @@ def draw_training(fig: Any, data: dict) -> None:
         ax.text(0.5, 0.5, "no metrics yet: call nd.log(loss=...) in the training loop",
                 ha="center", va="center")  # fmt: skip
         return
-    axes = fig.subplots(1, len(by_name), squeeze=False)[0]
+    # Room above the panels for the steps/s line and below for the x labels, so the panel
+    # titles never run into either (`fig` may be the dashboard picture's subfigure).
+    axes = fig.subplots(
+        1, len(by_name), squeeze=False,
+        gridspec_kw={"top": 0.8, "bottom": 0.17, "left": 0.08, "right": 0.97, "wspace": 0.25},
+    )[0]  # fmt: skip
     for ax, (name, per_replica) in zip(axes, sorted(by_name.items())):
         for replica, (xs, ys) in sorted(per_replica.items()):
             ax.plot(xs, ys, label=f"replica {replica}", linewidth=1)
@@ -59,7 +65,8 @@ def draw_training(fig: Any, data: dict) -> None:
         ax.set_title(f"{name}{flag}", fontsize=9, color="#e63946" if flag else "black")
         ax.set_xlabel("step")
         ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle(f"{steps_per_second(data['metrics']):.1f} steps/s", fontsize=9)
+    fig.text(0.97, 0.98, f"{steps_per_second(data['metrics']):.1f} steps/s", ha="right",
+             va="top", fontsize=9)  # fmt: skip
 
 
 class TrainingView:

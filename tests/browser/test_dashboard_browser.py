@@ -1,0 +1,231 @@
+"""The live dashboard in a real JupyterLab and headless Chromium (issue 9, the browser test).
+
+A notebook starts 2 engines, opens `%dist dashboard`, and runs a `%%distribute` cell that
+trains a small model (all-reduces and `nd.log` every step, replica 1 a little slower on
+purpose) until a flag file exists. While that cell runs, the test asserts from the rendered
+page that the Engines view lists two engines and that the Reductions chart changes; it clicks
+through the views and screenshots each. Then it creates the flag file, waits for the cell to
+end, stops the engines and checks that every process it started is gone.
+
+With NBDIST_UPDATE_DOC_IMAGES=1 the screenshots are also copied to docs/images/dashboard-*.png
+(the pictures in docs/dashboards.md).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+
+import nbformat
+import psutil
+import pytest
+
+from nbdist.testing import assert_processes_gone
+from nbdist.testing.jupyterlab import JupyterLab
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+IMAGES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "images"
+UPDATE_IMAGES = os.environ.get("NBDIST_UPDATE_DOC_IMAGES") == "1"
+
+TRAIN = """%%distribute
+import os, time
+FLAG = {flag!r}
+deadline = time.monotonic() + 120  # never runs for ever, even if the test dies
+torch.manual_seed(0)
+with strategy.scope():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+target = torch.randn(32, 1)
+
+def step(i):
+    ctx = nd.get_replica_context()
+    rank = ctx.replica_id_in_sync_group
+    x = torch.randn(256, 32, generator=torch.Generator().manual_seed(1000 * i + rank))
+    loss = (model(x) - x @ target).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    norm = 0.0
+    for p in model.parameters():
+        p.grad = ctx.all_reduce("mean", p.grad)
+        norm += float(p.grad.pow(2).sum())
+    optimizer.step()
+    if rank == 1:
+        time.sleep(0.01)  # a small straggler, so the reductions view has one to name
+    # Every replica stops at the same step: the flag is reduced with the others' flags.
+    done = float(os.path.exists(FLAG) or time.monotonic() > deadline)
+    return loss.detach(), norm ** 0.5, ctx.all_reduce("max", torch.tensor(done))
+
+i = 0
+while True:
+    loss, grad_norm, done = strategy.run(step, args=(i,))
+    nd.log(step=i, loss=loss, grad_norm=grad_norm)
+    i += 1
+    if done.item():
+        break
+    time.sleep(0.02)
+print(f"trained {{i}} steps")
+"""
+
+CELLS = ["%load_ext nbdist\n%dist start -n 2", "%dist dashboard", TRAIN, "%dist stop"]
+
+_ENGINE_STATES = (
+    "() => Array.from(document.querySelectorAll('.nd-dashboard tr.nd-engine'))"
+    ".map(row => row.children[1].textContent)"
+)
+_IMAGE_SRC = (
+    "(i) => { const img = document.querySelectorAll('.nd-dashboard img')[i];"
+    " return img && img.naturalWidth > 0 ? img.src : ''; }"
+)
+
+
+def _start_cell(page, index: int) -> None:
+    """Run cell `index` without waiting for it to finish."""
+    page.page.evaluate(
+        "(i) => { const app = window.jupyterapp;"
+        " app.shell.currentWidget.content.activeCellIndex = i;"
+        " app.commands.execute('notebook:run-cell'); return null; }",
+        index,
+    )
+
+
+def _show_view(page, title: str) -> None:
+    """Click the dashboard's tab `title` (navigation happens in the browser)."""
+    tab = page.page.locator(".nd-dashboard .lm-TabBar-tab", has_text=title).first
+    tab.click(timeout=30_000)
+    page.wait_until(
+        "(t) => { const tab = document.querySelector("
+        "'.nd-dashboard .lm-TabBar-tab.lm-mod-current');"
+        " return tab && tab.textContent.includes(t); }",
+        title,
+        timeout=30,
+    )
+
+
+def _settle(page) -> None:
+    """Wait until the header and the reductions caption show the same refresh (their updates
+    arrive as separate messages), so a screenshot never mixes two refreshes."""
+    page.wait_until(
+        "() => { const count = document.querySelector('.nd-dashboard .nd-count');"
+        " const header = document.querySelector('.nd-dashboard .widget-html-content');"
+        " return count && header"
+        " && header.textContent.includes(' ' + count.textContent + ' collectives'); }",
+        timeout=60,
+    )
+
+
+def _shoot(page, tmp_path: pathlib.Path, name: str, *, dashboard_only: bool = True) -> None:
+    _settle(page)
+    path = tmp_path / f"{name}.png"
+    if dashboard_only:
+        page.page.locator(".nd-dashboard").first.screenshot(path=str(path), timeout=30_000)
+    else:
+        page.screenshot(path)
+    assert path.stat().st_size > 5_000, f"{path} looks empty"
+    if UPDATE_IMAGES:
+        IMAGES.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, IMAGES / f"{name}.png")
+
+
+def _image_index(page, view: str) -> int:
+    """The index among the dashboard's images of `view`'s chart (tab order)."""
+    return {"Reductions": 0, "Training": 1}[view]
+
+
+def test_dashboard_updates_in_the_browser_while_training_runs(tmp_path):
+    flag = tmp_path / "stop-training"
+    nb = nbformat.v4.new_notebook()
+    cells = [TRAIN.format(flag=str(flag)) if c is TRAIN else c for c in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    nbformat.write(nb, tmp_path / "dashboard.ipynb")
+    lab = JupyterLab(tmp_path, start_timeout=180)
+    started: tuple[int, ...] = ()
+    try:
+        with lab, lab.open("dashboard.ipynb", timeout=180) as page:
+            page.run_cell(0)
+            page.wait_for_text("Started in", timeout=240)
+            started = tuple(p.pid for p in psutil.Process().children(recursive=True))
+
+            page.run_cell(1)
+            page.wait_for(".nd-dashboard", timeout=120)
+            states = page.wait_until(
+                f"() => {{ const s = ({_ENGINE_STATES})(); return s.length === 2 && s; }}",
+                timeout=60,
+            ).json_value()
+            assert states == ["alive", "alive"], states
+
+            _start_cell(page, 2)  # runs until the flag file exists
+            reductions = _image_index(page, "Reductions")
+            first = page.wait_until(_IMAGE_SRC, reductions, timeout=180).json_value()
+            first_count = int(page.page.locator(".nd-dashboard .nd-count").first.inner_text())
+            # The chart changes while the cell is still running (the flag does not exist yet).
+            second = page.wait_until(
+                "([i, before]) => { const img = document.querySelectorAll('.nd-dashboard img')[i];"
+                " return img && img.naturalWidth > 0 && img.src !== before && img.src; }",
+                [reductions, first],
+                timeout=120,
+            ).json_value()
+            assert second != first
+            page.wait_until(
+                "(n) => Number(document.querySelector('.nd-dashboard .nd-count').textContent) > n",
+                first_count,
+                timeout=120,
+            )
+            assert not flag.exists()
+            states = page.page.evaluate(_ENGINE_STATES)
+            assert len(states) == 2 and set(states) <= {"alive", "busy"}, states
+
+            # Each view while the cell runs, for the docs.
+            _show_view(page, "Reductions")
+            page.wait_until(  # a fresh picture with a few hundred collectives on it
+                "(n) => Number(document.querySelector('.nd-dashboard .nd-count').textContent) > n",
+                first_count + 100,
+                timeout=120,
+            )
+            page.wait_until(  # replica 1 sleeps 10 ms per step: the others wait for it
+                "() => document.querySelector('.nd-dashboard .nd-reductions-caption')"
+                ".textContent.includes('straggler: replica 1')",
+                timeout=60,
+            )
+            _shoot(page, tmp_path, "dashboard-reductions")
+            page.page.evaluate(  # the notebook from the `%dist dashboard` cell down
+                "() => document.querySelectorAll('.jp-Notebook .jp-Cell')[1]"
+                ".scrollIntoView({block: 'start'})"
+            )
+            _shoot(page, tmp_path, "dashboard-notebook", dashboard_only=False)
+            _show_view(page, "Training")
+            page.wait_until(_IMAGE_SRC, _image_index(page, "Training"), timeout=60)
+            _shoot(page, tmp_path, "dashboard-training")
+            _show_view(page, "Engines")
+            _shoot(page, tmp_path, "dashboard-engines")
+            assert not flag.exists()
+
+            flag.write_text("stop\n")
+            page.wait_for_text("trained", timeout=120)
+            page.wait_for_kernel_idle(timeout=120)
+            _show_view(page, "Engines")
+            page.wait_until(  # refreshed after the cell: both engines idle again
+                f"() => {{ const s = ({_ENGINE_STATES})();"
+                " return s.length === 2 && s.every(x => x === 'alive'); }",
+                timeout=60,
+            )
+            _show_view(page, "Placement")  # what each engine holds, pulled after the cell
+            page.wait_until(
+                "() => document.querySelectorAll('.nd-dashboard .nd-placement td.nd-bytes')"
+                ".length >= 2",
+                timeout=60,
+            )
+            held = page.page.evaluate(
+                "() => Array.from(document.querySelectorAll("
+                "'.nd-dashboard .nd-placement td.nd-bytes')).map(td => Number(td.textContent))"
+            )
+            assert held == [(32 * 64 + 64 + 64 + 1) * 4] * 2, held  # the model's float32 bytes
+            _shoot(page, tmp_path, "dashboard-placement")
+
+            page.run_cell(3)
+            page.wait_for_text("Cluster stopped", timeout=120)
+    finally:
+        flag.write_text("stop\n")  # whatever happened, the training loop ends
+    assert_processes_gone(started, deadline_s=30)
