@@ -95,8 +95,12 @@ class Pair:
         for work in works:
             work.wait()
 
-    def recv(self) -> tuple[Any, list[torch.Tensor]]:
-        """The next message: `(header, tensors)`, all of it."""
+    def recv(self, into: Any = ()) -> tuple[Any, list[torch.Tensor]]:
+        """The next message: `(header, tensors)`, all of it.
+
+        `into`: tensors (or None) to receive the message's tensors into, in order; one of the
+        wrong shape, dtype or layout is left alone and a new tensor received instead.
+        """
         slot = torch.empty(_SLOT, dtype=torch.uint8)
         self._group.recv([slot], self._peer, 0).wait()
         raw = slot.numpy().tobytes()
@@ -108,7 +112,11 @@ class Pair:
             self._group.recv([body], self._peer, 1).wait()
             data = body.numpy().tobytes()
         header, specs = pickle.loads(data)
-        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
+        into = list(into)
+        tensors = [
+            _reuse(into[i] if i < len(into) else None, shape, dtype)
+            for i, (shape, dtype) in enumerate(specs)
+        ]
         works = [
             self._group.recv([tensor], self._peer, 2 + i)
             for i, tensor in enumerate(tensors)
@@ -117,6 +125,18 @@ class Pair:
         for work in works:
             work.wait()
         return header, tensors
+
+
+def _reuse(tensor: Any, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    if (
+        isinstance(tensor, torch.Tensor)
+        and tuple(tensor.shape) == tuple(shape)
+        and tensor.dtype == dtype
+        and tensor.is_contiguous()
+        and tensor.device.type == "cpu"
+    ):
+        return tensor
+    return torch.empty(shape, dtype=dtype)
 
 
 class PSClient:
@@ -155,13 +175,16 @@ class PSClient:
             self._store = store
         return self._pair
 
-    def request(self, header: Any, tensors: list[torch.Tensor] = ()) -> tuple[Any, list]:
-        """Send one request and return the ps task's answer `(header, tensors)`."""
+    def request(
+        self, header: Any, tensors: list[torch.Tensor] = (), into: Any = ()
+    ) -> tuple[Any, list]:
+        """Send one request and return the ps task's answer `(header, tensors)` (its tensors
+        received into `into` where they fit, see `Pair.recv`)."""
         with self._lock:
             try:
                 pair = self._connect()
                 pair.send(header, tensors)
-                answer, out = pair.recv()
+                answer, out = pair.recv(into)
             except Exception as error:
                 self._pair = None
                 self._store = None
@@ -190,9 +213,10 @@ class PSClient:
         ids = list(deltas)
         self.request(("add", ids), [deltas[i].detach().cpu() for i in ids])
 
-    def read(self, ids: list[int]) -> list[torch.Tensor]:
-        """The current values of variables `ids`."""
-        _, tensors = self.request(("read", list(ids)))
+    def read(self, ids: list[int], into: Any = ()) -> list[torch.Tensor]:
+        """The current values of variables `ids` (received into the tensors of `into` that
+        have the right shape and dtype, new tensors otherwise)."""
+        _, tensors = self.request(("read", list(ids)), into=into)
         return tensors
 
     def ping(self) -> None:

@@ -37,6 +37,7 @@ _state: dict[str, Any] = {
     "vars": {},  # vid -> (VarSpec, tensor or Parameter or Variable)
     "datasets": {},  # dataset id -> dataset
     "iterators": {},  # iterator id -> iterator
+    "buffers": {},  # (ps address, shard id) -> the shard's value as last read from the ps
     "closures": 0,
 }
 
@@ -165,42 +166,63 @@ def _dataset(dataset_id: int) -> Any:
 
 def _read_variables(
     used: dict[int, VarSpec], addresses: list[str], timeout: float
-) -> dict[int, torch.Tensor]:
+) -> dict[int, list[torch.Tensor]]:
+    """Bring every shard the function uses from its ps task into this worker's copies.
+
+    Each shard is received into the buffer that held it last time (no fresh 100 MB allocation
+    per function for a large table) and copied into the variable's tensor; the buffers stay
+    as they arrived: they are what `_send_changes` compares against. Returns, per variable,
+    its shards' values as read, in row order.
+    """
     wanted: dict[int, list[int]] = {}
     for spec in used.values():
         for ps, shard, _ in spec.shards:
             wanted.setdefault(ps, []).append(shard)
+    buffers: dict[tuple[str, int], torch.Tensor] = _state["buffers"]
     values: dict[tuple[int, int], torch.Tensor] = {}
     for ps, shards in wanted.items():
-        read = _client(ps, addresses[ps], timeout).read(shards)
-        values.update({(ps, shard): t for shard, t in zip(shards, read)})
-    before: dict[int, torch.Tensor] = {}
+        keys = [(addresses[ps], shard) for shard in shards]
+        into = [buffers.get(key) for key in keys]
+        read = _client(ps, addresses[ps], timeout).read(shards, into=into)
+        for key, shard, tensor in zip(keys, shards, read):
+            buffers[key] = tensor
+            values[(ps, shard)] = tensor
+    before: dict[int, list[torch.Tensor]] = {}
     for vid, spec in used.items():
         parts = [values[(ps, shard)] for ps, shard, _ in spec.shards]
-        whole = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
         obj = _state["vars"][vid][1]
+        local = _tensor_of(obj)
         with torch.no_grad():
-            _tensor_of(obj).copy_(whole.reshape(spec.shape))
+            if len(parts) == 1:
+                local.copy_(parts[0].reshape(spec.shape))
+            else:
+                row = 0
+                for part in parts:
+                    local[row : row + part.shape[0]].copy_(part)
+                    row += part.shape[0]
         if isinstance(obj, torch.Tensor):
             obj.grad = None
-        before[vid] = whole.reshape(spec.shape)
+        before[vid] = parts
     return before
 
 
 def _send_changes(
-    used: dict[int, VarSpec], before: dict[int, torch.Tensor], addresses: list[str], timeout
+    used: dict[int, VarSpec],
+    before: dict[int, list[torch.Tensor]],
+    addresses: list[str],
+    timeout: float,
 ) -> None:
+    """Send what the function changed: per shard, `now - as read`, one message per ps task;
+    shards it left unchanged are not sent."""
     deltas: dict[int, dict[int, torch.Tensor]] = {}
     for vid, spec in used.items():
         now = _tensor_of(_state["vars"][vid][1]).detach()
-        if torch.equal(now, before[vid]):
-            continue
-        delta = now - before[vid]
         row = 0
-        for ps, shard, rows in spec.shards:
-            part = delta[row : row + rows] if len(spec.shards) > 1 else delta
-            deltas.setdefault(ps, {})[shard] = part
+        for (ps, shard, rows), old in zip(spec.shards, before[vid]):
+            part = now.reshape(old.shape) if len(spec.shards) == 1 else now[row : row + rows]
             row += rows
+            if not torch.equal(part, old):
+                deltas.setdefault(ps, {})[shard] = part - old
     for ps, shard_deltas in deltas.items():
         _client(ps, addresses[ps], timeout).add(shard_deltas)
 
