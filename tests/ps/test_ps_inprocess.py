@@ -319,3 +319,12 @@ def test_a_function_that_cannot_be_pickled_names_the_fix(sharded):
     lock = threading.Lock()
     with pytest.raises(TypeError, match=r"cannot send the function of '<lambda>'.*inside the"):
         coordinator.schedule(lambda: lock.locked())
+
+
+def test_schedule_after_shutdown_is_refused_instead_of_hanging(coordinated):
+    strategy, _ = coordinated
+    coordinator = nd.experimental.coordinator.ClusterCoordinator(strategy)
+    coordinator.shutdown()
+    with pytest.raises(RuntimeError, match=r"shut down.*ClusterCoordinator\(strategy\)"):
+        coordinator.schedule(_take, args=(None,))
+    coordinator.join()  # nothing queued: returns at once

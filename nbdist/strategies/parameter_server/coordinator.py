@@ -32,6 +32,7 @@ import torch
 from nbdist.errors import (
     ArgumentTypeError,
     CancelledError,
+    ContextError,
     InvalidArgumentError,
     PSUnavailableError,
 )
@@ -209,9 +210,14 @@ class ClusterCoordinator:
         Raises:
             The first error of an earlier function (once); `PSUnavailableError` if a ps task
             died; `ValueError` for a `RemoteValue` argument; `TypeError` for a function or
-            argument that cannot be pickled.
+            argument that cannot be pickled; `ContextError` after `shutdown()`.
         """
         self._raise_pending(wait=True)
+        if self._stopped:
+            raise ContextError(
+                "This ClusterCoordinator was shut down: nothing would run the function. Create "
+                "a new one with nd.experimental.coordinator.ClusterCoordinator(strategy)."
+            )
         if not callable(fn):
             raise ArgumentTypeError(f"schedule needs a function to call, got {fn!r}.")
         args = tuple(args)
