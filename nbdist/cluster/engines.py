@@ -91,7 +91,7 @@ class Cluster:
             `{"mpi_args": [...]}`, `{"account": "...", "timelimit": "1:00:00"}` for Slurm.
 
     Raises:
-        ValueError, TypeError, NotImplementedError: invalid arguments (see `plan.make_plan`),
+        ValueError, TypeError: invalid arguments (see `plan.make_plan`),
             or a launcher option that ipyparallel's launcher does not have.
         RuntimeError: launcher="mpi" without `mpiexec` or mpi4py.
 

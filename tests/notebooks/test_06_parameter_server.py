@@ -25,3 +25,4 @@ def test_parameter_server(execute_notebook):
     errors = cell_text(find_cell(nb, "def lookup"))
     assert "join raised: KeyError(7)" in errors and "'lookup' failed on /job:worker/task:" in errors
     assert "fetch raised:" in errors and "done: True" in errors
+    assert "next raised: next() of a per-worker iterator works only on a worker" in errors
