@@ -12,14 +12,15 @@ __all__ = ["PlacementView", "placement_html"]
 
 
 TABLE_STYLE = (
-    "<style>table.nd-table{border-collapse:collapse;margin:4px 0}"
-    "table.nd-table th,table.nd-table td{padding:4px 14px;text-align:left}"
-    "table.nd-table th{border-bottom:1px solid #bbb}"
-    "table.nd-table tr:nth-child(even) td{background:rgba(0,0,0,0.03)}"
-    "table.nd-table .nd-state{border-radius:9px;padding:1px 9px;font-weight:bold}"
+    "<style>.nd-dashboard table{border-collapse:collapse;margin:4px 0}"
+    ".nd-dashboard th,.nd-dashboard td{padding:4px 14px;text-align:left}"
+    ".nd-dashboard th{border-bottom:1px solid #bbb}"
+    ".nd-dashboard tr:nth-child(even) td{background:rgba(0,0,0,0.03)}"
+    ".nd-dashboard .nd-state{border-radius:9px;padding:1px 9px;font-weight:bold}"
     "</style>"
 )
-"""Spacing for the views' HTML tables (a `<style>` inside the widget's HTML)."""
+"""Spacing for every table in the dashboard (a `<style>` inside the widget's HTML applies to
+the whole page, so it is scoped to `.nd-dashboard`)."""
 
 
 def _size(n: float | None) -> str:
