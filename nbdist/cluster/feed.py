@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["engine_snapshot", "live_updates", "pull", "start_publisher"]
+__all__ = ["engine_snapshot", "feed_message", "live_updates", "pull", "start_publisher"]
 
 FEED_KEY = "nbdist_feed"
 _PUBLISH_S = 0.5
@@ -73,35 +73,42 @@ def pull(cluster: Any, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
     return out
 
 
+def feed_message(strategy: Any, rank: int) -> dict[str, Any]:
+    """What one feed message carries: the newest records of `strategy`'s telemetry and of
+    this process's metric log, the collectives in progress and the memory in use.
+
+    Example:
+        >>> import nbdist as nd
+        >>> sorted(feed_message(nd.get_strategy(), 0))
+        ['memory', 'metrics', 'metrics_appended', 'rank', 'telemetry', 'time']
+    """
+    from nbdist.holdings import memory_in_use
+    from nbdist.metrics import metric_log
+
+    log = metric_log()
+    return {
+        "rank": rank,
+        "time": time.time(),
+        "memory": memory_in_use(str(strategy.extended.worker_devices[0])),
+        "telemetry": strategy.extended.telemetry.tail(_TAIL, _TAIL),
+        "metrics": log.tail(_TAIL),
+        "metrics_appended": log.appended,
+    }
+
+
 def _publish_once(last: tuple) -> tuple:
     from ipyparallel.datapub import publish_data
 
     from nbdist.cluster import _engine_side
-    from nbdist.holdings import memory_in_use
     from nbdist.metrics import metric_log
 
     strategy = _engine_side._state["strategy"]
     if strategy is None:
         return last
-    telemetry = strategy.extended.telemetry
-    log = metric_log()
-    now = (telemetry.version, log.version)
+    now = (strategy.extended.telemetry.version, metric_log().version)
     if now == last:
         return last
-    tail = telemetry.tail(_TAIL, _TAIL)
-    device = str(strategy.extended.worker_devices[0])
-    publish_data(
-        {
-            FEED_KEY: {
-                "rank": _engine_side._state["rank"],
-                "time": time.time(),
-                "memory": memory_in_use(device),
-                "telemetry": tail,
-                "metrics": log.tail(_TAIL),
-                "metrics_appended": log.appended,
-            }
-        }
-    )
+    publish_data({FEED_KEY: feed_message(strategy, _engine_side._state["rank"])})
     return now
 
 

@@ -101,6 +101,7 @@ class DistGroup:
         self.timeout = timeout
         self.telemetry = telemetry
         self._entered = 0
+        self._async_numbers: dict[int, int] = {}  # id(work) -> its collective number
         self._layouts = agreed.AgreedLayouts()  # Note [Agreed layouts]
         self._broken: str | None = None
         self._aborted: tuple[str, tuple[int, ...], bool] | None = None
@@ -217,6 +218,7 @@ class DistGroup:
         self._stop.clear()
         self._prefix = f"{self._base}/{generation}"
         self._entered = 0
+        self._async_numbers.clear()
         self._layouts.forget()
         self._broken = None
         self._aborted = None
@@ -573,16 +575,25 @@ class DistGroup:
             raise WorkerLostError(f"The process group is unusable ({self._broken}).")
         self._entered += 1
         try:
-            return dist.all_reduce(flat, dist.ReduceOp.SUM, async_op=True)
+            work = dist.all_reduce(flat, dist.ReduceOp.SUM, async_op=True)
         except RuntimeError as error:
             raise self._diagnose("gradient all_reduce", error) from error
+        self._async_numbers[id(work)] = self._entered
+        return work
 
     def wait(self, work: Any, what: str) -> None:
         """Wait for an asynchronous collective, naming the missing ranks if it fails."""
+        key = self._async_numbers.pop(id(work), None)
+        telemetry = self.telemetry if key is not None else None
+        if telemetry is not None:  # in progress, for the dashboard's stuck view
+            telemetry.begin(key, what, (self.rank,), [time.perf_counter()])
         try:
             work.wait()
         except RuntimeError as error:
             raise self._diagnose(what, error) from error
+        finally:
+            if telemetry is not None:
+                telemetry.end(key)
 
     def barrier(self, *, timeout: float | None = None) -> None:
         """Wait until every rank arrives."""

@@ -5,7 +5,7 @@ Views are drawn with matplotlib's Agg canvas into `ipywidgets.Image` (tables as 
 is what reaches the page while the kernel is busy. Tabs switch in the browser. One refresher
 thread collects the numbers about once a second, redraws only the views whose data changed,
 groups the updates with `hold_sync()`, and waits longer between refreshes when drawing is
-slow (at most a fifth of the time is spent drawing).
+slow (at most `_DRAW_SHARE`, 2 %, of the time is spent refreshing).
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ __all__ = ["Dashboard", "dashboard", "draw_dashboard"]
 
 _INTERVAL_S = 1.0
 _MAX_INTERVAL_S = 10.0
-_DRAW_SHARE = 0.2
+_DRAW_SHARE = 0.02
+"""At most this share of the time goes to refreshing (collect + draw): in-process training
+shares its CPU (and GIL) with the refresher, and issue 9 allows the dashboard 3 % of it (see
+benchmarks/bench_dashboard_overhead.py). With ~60 ms refreshes that is one every 3 s."""
 
 
 def draw_dashboard(fig: Any, data: dict) -> None:
@@ -93,6 +96,11 @@ class Dashboard(ipywidgets.VBox):
         self.interval = interval
         self.refreshes = 0
         self.last_draw_s = 0.0
+        self.last_refresh_s = 0.0
+        self.busy_s = 0.0
+        """Seconds spent refreshing (collect + draw) since the dashboard opened."""
+        self.busy_cpu_s = 0.0
+        """CPU seconds of the threads that refreshed, over the same refreshes."""
         self._lock = threading.Lock()
         self.history: collections.deque[tuple] = collections.deque(maxlen=1000)
         """Per refresh: (monotonic time, collectives shown, metrics shown, from the thread)."""
@@ -113,6 +121,7 @@ class Dashboard(ipywidgets.VBox):
     def refresh(self, *, in_thread: bool = False) -> dict:
         """Collect the numbers now and redraw what changed; returns the data shown."""
         with self._lock:
+            collecting, cpu = time.perf_counter(), time.thread_time()
             data = self.source.collect(in_thread=in_thread)
             started = time.perf_counter()
             with self.hold_sync():
@@ -124,6 +133,9 @@ class Dashboard(ipywidgets.VBox):
                     + f" · {len(data['collectives'])} collectives · refresh #{self.refreshes + 1}"
                 )
             self.last_draw_s = time.perf_counter() - started
+            self.last_refresh_s = time.perf_counter() - collecting
+            self.busy_s += self.last_refresh_s
+            self.busy_cpu_s += time.thread_time() - cpu
             self.refreshes += 1
             self.history.append(
                 (time.monotonic(), len(data["collectives"]), len(data["metrics"]), in_thread)
@@ -132,14 +144,19 @@ class Dashboard(ipywidgets.VBox):
             self.changed = changed
             return data
 
+    def _pause(self) -> float:
+        """Seconds until the next refresh: at least `interval`, and long enough that refreshing
+        (as slow as the last one was) takes at most `_DRAW_SHARE` of the time."""
+        return min(max(self.interval, self.last_refresh_s / _DRAW_SHARE), _MAX_INTERVAL_S)
+
     def _loop(self) -> None:
-        wait = self.interval
+        wait = self._pause()  # the first refresh (in __init__) already says what one costs
         while not self._stop.wait(wait):
             try:
                 self.refresh(in_thread=True)
             except Exception as error:  # keep the view alive; say what went wrong
                 self.header.value = f"<b>nbdist dashboard</b>: refresh failed: {error!r}"
-            wait = min(max(self.interval, self.last_draw_s / _DRAW_SHARE), _MAX_INTERVAL_S)
+            wait = self._pause()
 
     def _after_cell(self, result: Any = None) -> None:
         """Pull what is new from the engines between cells (on the kernel's thread)."""

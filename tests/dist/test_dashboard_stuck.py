@@ -1,0 +1,99 @@
+"""A collective stuck across 2 real gloo workers: the reductions view names who has not arrived.
+
+Worker 1 holds back its all_reduce until the test has seen the stuck note; worker 0 writes
+what its telemetry marks as in progress (what an engine's feed sends) to a file while it waits.
+The test merges the workers' marks as the dashboard does for engines and draws the view.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+
+from nbdist.testing import assert_all_ok, free_port, run_workers, torchrun_env
+from nbdist.timeline import STUCK_S
+from nbdist.widgets._data import _merge_pending
+from nbdist.widgets.reductions import ReductionsView
+
+pytestmark = pytest.mark.dist
+pytest.importorskip("ipywidgets")
+
+WORKER = r"""
+import os, pickle, threading, time
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+import nbdist as nd
+
+folder = Path(os.environ["STUCK_DIR"])
+strategy = nd.MultiWorkerMirroredStrategy()
+telemetry = strategy.extended.telemetry
+rank = strategy.cluster_resolver.task_id
+done = threading.Event()
+
+
+def publish():  # what the engine feed ships: the marks of the collectives in progress
+    while True:
+        finished = done.is_set()  # one more write after the all_reduce: nothing in progress
+        tmp = folder / f"pending{rank}.tmp"
+        tmp.write_bytes(pickle.dumps(telemetry.tail(0, 0)["pending"]))
+        tmp.replace(folder / f"pending{rank}.pkl")
+        if finished:
+            return
+        done.wait(0.1)
+
+
+publisher = threading.Thread(target=publish)
+publisher.start()
+if rank == 1:
+    deadline = time.monotonic() + 120
+    while not (folder / "release").exists():
+        assert time.monotonic() < deadline, "the test never released worker 1"
+        done.wait(0.1)
+total = strategy.run(lambda: nd.get_replica_context().all_reduce("sum", torch.ones(4)))
+done.set()
+publisher.join(timeout=30)
+report(float(total.sum()))
+strategy.shutdown()
+"""
+
+
+def _pending(folder, rank):
+    path = folder / f"pending{rank}.pkl"
+    return pickle.loads(path.read_bytes()) if path.exists() else []
+
+
+def test_stuck_all_reduce_names_the_worker_that_has_not_arrived(tmp_path):
+    port = free_port()
+    envs = [{**torchrun_env(rank, 2, port), "STUCK_DIR": str(tmp_path)} for rank in range(2)]
+    results: list = []
+    runner = threading.Thread(
+        target=lambda: results.extend(run_workers(WORKER, envs, timeout=150, fail_fast=True))
+    )
+    runner.start()
+    view = ReductionsView()
+    pace = threading.Event()  # never set: a timed pause between polls
+    try:
+        deadline = time.monotonic() + STUCK_S + 90
+        while "nd-stuck" not in view.caption.value and time.monotonic() < deadline:
+            assert runner.is_alive(), "the workers ended before the collective was stuck"
+            pace.wait(0.2)
+            pending = _merge_pending({r: _pending(tmp_path, r) for r in (0, 1)}, [0, 1])
+            view.update({"collectives": [], "steps": [], "pending": pending})
+        caption = view.caption.value
+        assert "stuck: all_reduce" in caption
+        assert "arrived: replica(s) 0" in caption
+        assert "not arrived: <span class='nd-missing'>replica(s) 1</span>" in caption
+    finally:
+        (tmp_path / "release").touch()
+        runner.join(timeout=150)
+    assert not runner.is_alive()
+    assert_all_ok(results)
+    assert [r.result for r in results] == [8.0, 8.0]
+    pending = _merge_pending({r: _pending(tmp_path, r) for r in (0, 1)}, [0, 1])
+    assert pending == []
+    view.update({"collectives": [], "steps": [], "pending": pending})
+    assert "nd-stuck" not in view.caption.value
