@@ -33,6 +33,9 @@ def _user_namespace() -> dict[str, Any]:
 class LocalSource:
     """The replicas of one in-process strategy (threads of this kernel)."""
 
+    in_process = True
+    """The replicas run in this process (the refresher competes with them for the GIL)."""
+
     def __init__(self, strategy: Any, note: str = ""):
         self.strategy = strategy
         self.note = note
@@ -69,6 +72,9 @@ class ClusterSource:
     once) and the cluster's own count of requests in flight; pulling records from the engines
     happens on the kernel's thread, after each cell and on `refresh()`.
     """
+
+    in_process = False
+    """The replicas run on engines, other processes."""
 
     def __init__(self, cluster: Any):
         self.cluster = cluster

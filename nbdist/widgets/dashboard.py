@@ -5,7 +5,8 @@ Views are drawn with matplotlib's Agg canvas into `ipywidgets.Image` (tables as 
 is what reaches the page while the kernel is busy. Tabs switch in the browser. One refresher
 thread collects the numbers about once a second, redraws only the views whose data changed,
 groups the updates with `hold_sync()`, and waits longer between refreshes when drawing is
-slow (at most `_DRAW_SHARE`, 2 %, of the time is spent refreshing).
+slow (at most 2 % of the time is spent refreshing while the replicas run in this process, 20 %
+while they run on engines).
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ __all__ = ["Dashboard", "dashboard", "draw_dashboard"]
 _INTERVAL_S = 1.0
 _MAX_INTERVAL_S = 10.0
 _DRAW_SHARE = 0.02
-"""At most this share of the time goes to refreshing (collect + draw): in-process training
-shares its CPU (and GIL) with the refresher, and issue 9 allows the dashboard 3 % of it (see
-benchmarks/bench_dashboard_overhead.py). With ~60 ms refreshes that is one every 3 s."""
+"""At most this share of the time goes to refreshing (collect + draw) while the replicas run in
+this process (an in-process strategy): training shares its CPU and GIL with the refresher, and
+issue 9 allows the dashboard 3 % of it (benchmarks/bench_dashboard_overhead.py). With ~60 ms
+refreshes that is one every 3 s."""
+_DRAW_SHARE_ENGINES = 0.2
+"""The same while the replicas run on engines (other processes): drawing here takes nothing
+from their GIL, only a share of a core."""
 
 
 def draw_dashboard(fig: Any, data: dict) -> None:
@@ -147,7 +152,8 @@ class Dashboard(ipywidgets.VBox):
     def _pause(self) -> float:
         """Seconds until the next refresh: at least `interval`, and long enough that refreshing
         (as slow as the last one was) takes at most `_DRAW_SHARE` of the time."""
-        return min(max(self.interval, self.last_refresh_s / _DRAW_SHARE), _MAX_INTERVAL_S)
+        share = _DRAW_SHARE if getattr(self.source, "in_process", True) else _DRAW_SHARE_ENGINES
+        return min(max(self.interval, self.last_refresh_s / share), _MAX_INTERVAL_S)
 
     def _loop(self) -> None:
         wait = self._pause()  # the first refresh (in __init__) already says what one costs
