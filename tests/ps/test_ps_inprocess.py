@@ -328,3 +328,40 @@ def test_schedule_after_shutdown_is_refused_instead_of_hanging(coordinated):
     with pytest.raises(RuntimeError, match=r"shut down.*ClusterCoordinator\(strategy\)"):
         coordinator.schedule(_take, args=(None,))
     coordinator.join()  # nothing queued: returns at once
+
+
+# -- the transport: small tensors packed together, large ones alone, into reused buffers ------
+def test_a_ps_task_returns_every_dtype_and_size_exactly():
+    from nbdist.strategies.parameter_server.ps_task import PSTask
+    from nbdist.strategies.parameter_server.transport import PSClient
+
+    task = PSTask("127.0.0.1", 0).start()
+    client = PSClient(0, f"127.0.0.1:{task.port}", timeout=60)
+    try:
+        values = {
+            1: torch.tensor(True),
+            2: torch.tensor(7, dtype=torch.int64),
+            3: torch.arange(3, dtype=torch.float16),  # 6 bytes: the next one is not aligned
+            4: torch.randn(5, 3, dtype=torch.complex64),
+            5: torch.zeros(0, 4),
+            6: torch.randn(300_000),  # 1.2 MB: sent on its own
+            7: torch.randint(0, 255, (33,), dtype=torch.uint8),
+            8: torch.randn(64, 65).t(),  # not contiguous
+        }
+        client.create(values)
+        ids = list(values)
+        read = client.read(ids)
+        for i, tensor in zip(ids, read):
+            assert tensor.dtype == values[i].dtype and torch.equal(tensor, values[i]), i
+        into = [torch.empty_like(t) if i != 3 else torch.empty(2) for i, t in zip(ids, read)]
+        again = client.read(ids, into=into)
+        for i, tensor, buffer in zip(ids, again, into):
+            assert torch.equal(tensor, values[i]), i
+            reused = tensor.data_ptr() == buffer.data_ptr()
+            assert reused == (i != 3), i  # the wrong shape: a new tensor instead
+        client.add({2: torch.tensor(1), 6: torch.ones(300_000)})
+        two, six = client.read([2, 6])
+        assert int(two) == 8 and torch.equal(six, values[6] + 1)
+    finally:
+        client.close()
+        task.stop()

@@ -5,8 +5,10 @@ Each client forms a two-rank gloo group with each ps task it talks to, through t
 create the group under the prefix `nbdist/ps/s<number>/`, so a worker that comes back forms a
 new pair without disturbing the others. A message is one fixed-size slot (the length of the
 pickled header, and the header itself when it fits: one small send for most requests, the
-pickled header on its own when longer) followed by its tensors, each sent whole on its own tag,
-all in flight at once; the ps acts on a message only once all of it has arrived.
+pickled header on its own when longer) followed by its tensors: those up to 256 KiB copied
+together into one buffer (one gloo operation, not one each: each costs ~0.3 ms of CPU here),
+larger ones each sent whole on its own tag, all in flight at once. The ps acts on a message
+only once all of it has arrived.
 
 Example (both sides in one process)::
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import math
 import pickle
 import threading
 import weakref
@@ -35,6 +38,8 @@ __all__ = ["PSClient", "Pair", "connect_store", "form_pair", "split_address"]
 SESSIONS = "nbdist/ps/sessions"
 _ANNOUNCE = "nbdist/ps/req/"
 _SLOT = 512  # bytes of the first message of every request and answer
+_PACK_MAX = 256 << 10  # tensors up to this size travel together, copied into one buffer
+_ALIGN = 64
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -75,8 +80,8 @@ class Pair:
     def send(self, header: Any, tensors: list[torch.Tensor] = ()) -> None:
         """Send `header` (picklable, no tensors) and then `tensors`."""
         tensors = [t.detach().contiguous() for t in tensors]
-        meta = (header, [(tuple(t.shape), t.dtype) for t in tensors])
-        data = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+        specs = [(tuple(t.shape), t.dtype) for t in tensors]
+        data = pickle.dumps((header, specs), protocol=pickle.HIGHEST_PROTOCOL)
         slot = bytearray(_SLOT)  # one small message: the length, and the header if it fits
         slot[:8] = len(data).to_bytes(8, "little")
         inline = len(data) <= _SLOT - 8
@@ -86,11 +91,19 @@ class Pair:
         if not inline:
             body = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             works.append(self._group.send([body], self._peer, 1))
-        # All sends in flight at once, each tensor on its own tag (matched one to one).
+        offsets, size = _layout(specs)
+        if size:  # the small tensors in one buffer: one gloo operation instead of one each
+            pack = torch.empty(size, dtype=torch.uint8)
+            for tensor, offset in zip(tensors, offsets):
+                if offset is not None:
+                    flat = tensor.reshape(-1).view(torch.uint8)
+                    pack[offset : offset + flat.numel()].copy_(flat)
+            works.append(self._group.send([pack], self._peer, 2))
+        # All sends in flight at once, each large tensor on its own tag (matched one to one).
         works += [
-            self._group.send([tensor], self._peer, 2 + i)
+            self._group.send([tensor], self._peer, 3 + i)
             for i, tensor in enumerate(tensors)
-            if tensor.numel()
+            if offsets[i] is None and tensor.numel()
         ]
         for work in works:
             work.wait()
@@ -117,14 +130,40 @@ class Pair:
             _reuse(into[i] if i < len(into) else None, shape, dtype)
             for i, (shape, dtype) in enumerate(specs)
         ]
-        works = [
-            self._group.recv([tensor], self._peer, 2 + i)
+        offsets, size = _layout(specs)
+        works = []
+        pack = None
+        if size:
+            pack = torch.empty(size, dtype=torch.uint8)
+            works.append(self._group.recv([pack], self._peer, 2))
+        works += [
+            self._group.recv([tensor], self._peer, 3 + i)
             for i, tensor in enumerate(tensors)
-            if tensor.numel()
+            if offsets[i] is None and tensor.numel()
         ]
         for work in works:
             work.wait()
+        for tensor, offset in zip(tensors, offsets):
+            if offset is not None:
+                flat = tensor.reshape(-1).view(torch.uint8)
+                flat.copy_(pack[offset : offset + flat.numel()])
         return header, tensors
+
+
+def _layout(specs: list[tuple[tuple[int, ...], torch.dtype]]) -> tuple[list[int | None], int]:
+    """Where each tensor of a message goes in its pack of small tensors (None: a tensor of
+    more than `_PACK_MAX` bytes, or empty, sent on its own), and the pack's size. Both ends
+    compute it from the header."""
+    offsets: list[int | None] = []
+    size = 0
+    for shape, dtype in specs:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if 0 < nbytes <= _PACK_MAX:
+            offsets.append(size)
+            size += -(-nbytes // _ALIGN) * _ALIGN
+        else:
+            offsets.append(None)
+    return offsets, size
 
 
 def _reuse(tensor: Any, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
