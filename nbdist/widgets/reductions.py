@@ -20,7 +20,7 @@ import ipywidgets
 import numpy as np
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch
-from matplotlib.ticker import Formatter, FuncFormatter
+from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
 from nbdist.timeline import STUCK_S, blame, step_split, straggler, stuck
 from nbdist.widgets._canvas import new_figure, png_bytes
@@ -129,7 +129,10 @@ class ReductionsPanels:
         self.bandwidth.set_yscale("log")
         for axis in (self.bandwidth.xaxis, self.bandwidth.yaxis):
             axis.set_major_formatter(FuncFormatter(_si))
+            axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))  # fewer ticks to draw
             axis.set_minor_formatter(_MinorSI())
+        for axis in (self.timeline.xaxis, self.waits.yaxis, self.steps.xaxis, self.steps.yaxis):
+            axis.set_major_locator(MaxNLocator(nbins=5))
         self.bandwidth.set_xlabel("message bytes")
         self.bandwidth.set_ylabel("MB/s")
         self.scatters: dict[str, Any] = {}
