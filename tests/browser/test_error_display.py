@@ -2,12 +2,13 @@
 
 One notebook starts 2 engines, runs a failing `%%distribute` cell, a cell that sleeps on the
 engines and is interrupted with JupyterLab's interrupt command (the stop button), and
-`%dist stop`. Each rendered output is screenshot (also saved under docs/images/) and must
-contain no nbdist-internal file name.
+`%dist stop`. Each rendered output is screenshot (under the test's folder; also copied to
+docs/images/ with NBDIST_UPDATE_DOC_IMAGES=1) and must contain no nbdist-internal file name.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 
@@ -21,6 +22,7 @@ from nbdist.testing.jupyterlab import JupyterLab
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 IMAGES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "images"
+UPDATE_IMAGES = os.environ.get("NBDIST_UPDATE_DOC_IMAGES") == "1"  # else the tree stays clean
 INTERNAL = ("magics/core.py", "_cell.py", "calls.py", "engines.py", "_engine_side.py",
             "threading.py", "site-packages/nbdist", "/nbdist/")  # fmt: skip
 CELLS = [
@@ -52,8 +54,9 @@ def _start_cell(page, index: int) -> None:
 def _shoot(page, tmp_path, name: str) -> pathlib.Path:
     shot = page.screenshot(tmp_path / f"{name}.png")
     assert shot.stat().st_size > 5_000
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(shot, IMAGES / f"{name}.png")
+    if UPDATE_IMAGES:
+        IMAGES.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, IMAGES / f"{name}.png")
     return shot
 
 
