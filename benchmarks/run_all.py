@@ -30,6 +30,7 @@ BENCHMARKS = [
     ("checkpoint", "bench_checkpoint.py"),
     ("multi_worker_checkpoint", "bench_multi_worker_checkpoint.py"),
     ("parameter_server", "bench_parameter_server.py"),
+    ("dashboard_overhead", "bench_dashboard_overhead.py"),
 ]
 
 
