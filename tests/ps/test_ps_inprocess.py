@@ -5,6 +5,7 @@ rules and every bad input of issue 11."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -365,3 +366,25 @@ def test_a_ps_task_returns_every_dtype_and_size_exactly():
     finally:
         client.close()
         task.stop()
+
+
+def test_join_raises_when_no_worker_is_reachable_within_the_timeout(spec):
+    (port,) = free_ports(1)  # nothing listens there: the worker task was never started
+    cluster = nd.ClusterSpec({"worker": [f"127.0.0.1:{port}"], "ps": spec.job_tasks("ps")})
+    strategy = nd.ParameterServerStrategy(cluster)
+    strategy.timeout = 1.0
+    coordinator = nd.experimental.coordinator.ClusterCoordinator(strategy)
+    try:
+        value = coordinator.schedule(_take, args=(None,))
+        started = time.monotonic()
+        with pytest.raises(
+            nd.errors.WorkerLostError, match=rf"No worker.*127.0.0.1:{port}.*nd\.Server"
+        ):
+            coordinator.join()
+        assert time.monotonic() - started < 30
+        assert "pending" in repr(value)  # still queued: it would run once a worker is back
+    finally:
+        coordinator.shutdown()
+        strategy.close()
+    with pytest.raises(nd.errors.CancelledError):
+        value.get()

@@ -23,6 +23,7 @@ import collections
 import itertools
 import pickle
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ from nbdist.errors import (
     ContextError,
     InvalidArgumentError,
     PSUnavailableError,
+    WorkerLostError,
 )
 from nbdist.strategies.parameter_server.channels import SocketChannel, WorkerUnreachable
 from nbdist.strategies.parameter_server.closures import dumps_closure
@@ -186,6 +188,7 @@ class ClusterCoordinator:
         self._datasets: list[PerWorkerDataset] = []
         self._built: dict[int, tuple[Any, set[int]]] = {}  # worker -> (channel key, dataset ids)
         self._stopped = False
+        self._alive_at = time.monotonic()  # when a worker was last known reachable
         self._ids = itertools.count(1)
         self._threads = [
             threading.Thread(target=self._dispatch, args=(i,), daemon=True, name=f"nbdist-w{i}")
@@ -237,9 +240,15 @@ class ClusterCoordinator:
 
     def join(self) -> None:
         """Block until every scheduled function has finished; then raise the first error of
-        any (once), or `PSUnavailableError` if a ps task died."""
+        any (once), or `PSUnavailableError` if a ps task died.
+
+        Raises `WorkerLostError` when functions wait and no worker has been reachable for
+        `strategy.timeout` seconds (the functions stay queued: they run once a worker is back).
+        """
         with self._cond:
             while (self._queue or self._inflight) and self._ps_error is None:
+                if self._queue and not self._inflight:
+                    self._check_some_worker_alive()
                 self._cond.wait(timeout=1.0)
         self._raise_pending(wait=True)
 
@@ -289,6 +298,25 @@ class ClusterCoordinator:
             self._cond.notify_all()
 
     # -- internals ------------------------------------------------------------------------------
+    def _check_some_worker_alive(self) -> None:
+        waited = time.monotonic() - self._alive_at
+        if waited <= self.strategy.timeout:
+            return
+        workers = ", ".join(
+            f"/job:worker/task:{i} ("
+            + (getattr(channel, "address", None) or f"engine {getattr(channel, 'engine_id', '?')}")
+            + ")"
+            for i, channel in enumerate(self.strategy.worker_channels)
+        )
+        raise WorkerLostError(
+            f"No worker task has been reachable for {waited:.0f} s (strategy.timeout is "
+            f"{self.strategy.timeout:g} s) while {len(self._queue)} function(s) wait: {workers}. "
+            "Start the worker tasks (nd.Server(cluster_spec, 'worker', i).join() in each, or "
+            "cluster.restart_worker(i) for engines); the functions stay queued and run once a "
+            "worker is back.",
+            missing=tuple(range(self.num_workers)),
+        )
+
     def _raise_pending(self, wait: bool) -> None:
         with self._cond:
             if self._ps_error is not None:
@@ -337,6 +365,7 @@ class ClusterCoordinator:
     def _next_closure(self) -> _Closure | None:
         with self._cond:
             while not self._queue and not self._stopped:
+                self._alive_at = time.monotonic()  # this worker was reachable; it waits for work
                 self._cond.wait(timeout=1.0)
             if self._stopped:
                 return None
@@ -373,6 +402,7 @@ class ClusterCoordinator:
         while not self._stopped:
             channel = self._channel(worker)
             if channel is not None and channel.alive():
+                self._alive_at = time.monotonic()
                 return True
             with self._cond:
                 self._cond.wait(timeout=0.5)
