@@ -23,14 +23,25 @@ layout differs from last time. Imports only torch and nbdist.reduce.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from nbdist.reduce import ReduceOp
 
-__all__ = ["AgreedLayouts", "fill", "flags", "layout_key", "numel", "split", "trailer"]
+__all__ = [
+    "AgreedLayouts",
+    "Plan",
+    "fill",
+    "flags",
+    "layout_key",
+    "numel",
+    "plan",
+    "split",
+    "trailer",
+]
 
 _MAX_REMEMBERED = 1024
 
@@ -43,6 +54,10 @@ def layout_key(op: ReduceOp, tensors: Sequence[torch.Tensor]) -> tuple | None:
         >>> layout_key(ReduceOp.SUM, [torch.zeros(2, 3)])
         (<ReduceOp.SUM: 'SUM'>, torch.float32, (torch.Size([2, 3]),))
     """
+    if len(tensors) == 1:  # the common case, on every user collective: no generator
+        tensor = tensors[0]
+        dtype = tensor.dtype
+        return None if dtype == torch.bool else (op, dtype, (tensor.shape,))
     if not tensors:
         return None
     dtype = tensors[0].dtype
@@ -81,7 +96,8 @@ class AgreedLayouts:
         if self._taken:
             return None
         self._taken = True
-        return self.predicted()
+        previous = self._previous
+        return None if previous is None else self._next.get(previous)
 
     def agreed(self, key: tuple | None) -> None:
         """Every rank completed a checked all-reduce of layout `key` (None: another kind of
@@ -130,6 +146,38 @@ def trailer(dtype: torch.dtype, value: int, device: torch.device) -> torch.Tenso
     if found is None:
         found = _TRAILERS[key] = torch.full((1,), value, dtype=dtype, device=device)
     return found
+
+
+class Plan(NamedTuple):
+    """What an agreed all-reduce of one layout needs, worked out once per layout (`plan`)."""
+
+    numel: int
+    """Elements of the layout's tensors together (the trailer sits at this index)."""
+    ok: int
+    """The trailer value that means "every rank called this layout" (`flags`)."""
+    trailer: torch.Tensor
+    """A one-element tensor holding `ok` on the group's device (read only)."""
+    nbytes: int
+    """Bytes of the layout's data (what telemetry records)."""
+    shape: torch.Size | None
+    """The one tensor's shape when the layout has one tensor that is not 1-d, else None."""
+
+
+@functools.lru_cache(maxsize=_MAX_REMEMBERED)
+def plan(key: tuple, device: torch.device) -> Plan:
+    """The `Plan` of layout `key` on `device` (cached: the hot path of every agreed call).
+
+    Example:
+        >>> p = plan(layout_key(ReduceOp.SUM, [torch.zeros(2, 3)]), torch.device("cpu"))
+        >>> p.numel, p.ok, p.nbytes, p.shape
+        (6, 0, 24, torch.Size([2, 3]))
+    """
+    op, dtype, shapes = key
+    n = numel(key)
+    ok = flags(op)[0]
+    single = shapes[0] if len(shapes) == 1 and len(shapes[0]) != 1 else None
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return Plan(n, ok, trailer(dtype, ok, device), n * itemsize, single)
 
 
 def fill(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:

@@ -413,38 +413,48 @@ class DistGroup:
         self, tensors: Sequence[torch.Tensor], key: tuple, timeout: float | None
     ) -> list[torch.Tensor] | None:
         """One all-reduce of the agreed layout `key` plus its trailer (Note [Agreed layouts]);
-        None, on every rank alike, when another rank's call differs."""
-        op, dtype, shapes = key
-        what = _WHAT[op]
+        None, on every rank alike, when another rank's call differs.
+
+        The hot path of every user collective: the layout's constants come from `agreed.plan`,
+        and one tensor on the group's device costs one copy (`torch.cat` with the trailer,
+        which also gives the new tensor the result must be) and no other tensor op but the
+        trailer's read and the result's view.
+        """
+        op = key[0]
         start = time.perf_counter()
-        n = agreed.numel(key)
-        ok = agreed.flags(op)[0]
-        if len(tensors) == 1 and tensors[0].device == self.device:
-            flat = torch.cat(
-                (tensors[0].detach().reshape(-1), agreed.trailer(dtype, ok, self.device))
-            )
+        plan = agreed.plan(key, self.device)
+        n = plan.numel
+        single = len(tensors) == 1 and tensors[0].device == self.device
+        if single:
+            source = tensors[0]
+            if source.requires_grad:
+                source = source.detach()
+            if source.dim() != 1:
+                source = source.reshape(-1)
+            flat = torch.cat((source, plan.trailer))
         else:
-            flat = torch.empty(n + 1, dtype=dtype, device=self.device)
+            flat = torch.empty(n + 1, dtype=key[1], device=self.device)
             agreed.fill(flat, tensors)
-            flat[n] = ok
+            flat[n] = plan.ok
         self._collective(
-            what, lambda async_op: dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op), timeout
+            _WHAT[op],
+            lambda async_op: dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op),
+            timeout,
         )
-        if flat[n].item() != ok:
+        if flat[n].item() != plan.ok:
             return None  # every rank saw "changed": each now runs the full check
         data = flat[:n]
         if op is ReduceOp.MEAN:
             data = _mean(data, self.world_size)
-        if len(tensors) == 1:
-            shape = shapes[0]
-            result = data if len(shape) == 1 else data.view(shape)
-            if result.device != tensors[0].device:
-                result = result.to(tensors[0].device)
-            results = [result]
+        if single:
+            results = [data if plan.shape is None else data.view(plan.shape)]
+        elif len(tensors) == 1:
+            result = data if plan.shape is None else data.view(plan.shape)
+            results = [result.to(tensors[0].device)]
         else:
             results = [r.to(t.device) for r, t in zip(agreed.split(data, key), tensors)]
         self._layouts.agreed(key)
-        self._record(what, n * flat.element_size(), start)
+        self._record(_WHAT[op], plan.nbytes, start)
         return results
 
     def _decline(self, predicted: tuple, timeout: float | None) -> None:
