@@ -161,6 +161,8 @@ class Plan(NamedTuple):
     """Bytes of the layout's data (what telemetry records)."""
     shape: torch.Size | None
     """The one tensor's shape when the layout has one tensor that is not 1-d, else None."""
+    what: str
+    """The collective's name in telemetry and errors (`"all_reduce:SUM"`)."""
 
 
 @functools.lru_cache(maxsize=_MAX_REMEMBERED)
@@ -177,7 +179,8 @@ def plan(key: tuple, device: torch.device) -> Plan:
     ok = flags(op)[0]
     single = shapes[0] if len(shapes) == 1 and len(shapes[0]) != 1 else None
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return Plan(n, ok, trailer(dtype, ok, device), n * itemsize, single)
+    what = f"all_reduce:{op.value}"
+    return Plan(n, ok, trailer(dtype, ok, device), n * itemsize, single, what)
 
 
 def fill(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:

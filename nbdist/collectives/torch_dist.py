@@ -68,7 +68,6 @@ _DIST_OPS = {
     ReduceOp.MAX: dist.ReduceOp.MAX,
     ReduceOp.MIN: dist.ReduceOp.MIN,
 }
-_WHAT = {op: f"all_reduce:{op.value}" for op in ReduceOp}
 _INLINE_BYTES = 16 * 1024
 _ROW_WIDTH = _SIGNATURE_WIDTH + _INLINE_BYTES // 8  # int64 words: signature, then inline payload
 
@@ -95,6 +94,7 @@ class DistGroup:
         prefix: str = "nbdist",
     ):
         self.rank = rank
+        self._ranks = (rank,)  # the replicas of this process's telemetry records
         self.world_size = world_size
         self.backend = backend
         self.device = device
@@ -280,7 +280,7 @@ class DistGroup:
         self._entered += 1
         telemetry, key = self.telemetry, self._entered
         if telemetry is not None:  # in progress, for the dashboard's stuck view
-            telemetry.begin(key, what, (self.rank,), [time.perf_counter()])
+            telemetry.begin(key, what, self._ranks, [time.perf_counter()])
         try:
             if timeout is None or timeout == self.timeout:
                 return launch(False)
@@ -436,9 +436,10 @@ class DistGroup:
             flat = torch.empty(n + 1, dtype=key[1], device=self.device)
             agreed.fill(flat, tensors)
             flat[n] = plan.ok
+        dist_op = _DIST_OPS[op]
         self._collective(
-            _WHAT[op],
-            lambda async_op: dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op),
+            plan.what,
+            lambda async_op: dist.all_reduce(flat, dist_op, async_op=async_op),
             timeout,
         )
         if flat[n].item() != plan.ok:
@@ -454,7 +455,7 @@ class DistGroup:
         else:
             results = [r.to(t.device) for r, t in zip(agreed.split(data, key), tensors)]
         self._layouts.agreed(key)
-        self._record(_WHAT[op], plan.nbytes, start)
+        self._record(plan.what, plan.nbytes, start)
         return results
 
     def _decline(self, predicted: tuple, timeout: float | None) -> None:
@@ -620,7 +621,7 @@ class DistGroup:
         telemetry = self.telemetry
         if telemetry is not None and telemetry.enabled:
             duration = time.perf_counter() - start
-            telemetry.record(op, nbytes, self.backend, (self.rank,), start, duration, (duration,))
+            telemetry.record(op, nbytes, self.backend, self._ranks, start, duration, (duration,))
 
     def shutdown(self) -> None:
         """Stop the heartbeat and leave the process group (if this object created it)."""

@@ -146,8 +146,9 @@ class Strategy:
                 "(nbdist.get_replica_context().all_reduce/merge_call) inside the replica "
                 "function instead of nesting run."
             )
-        check_run_options(options)
-        kwargs = dict(kwargs or {})
+        if options is not None:
+            check_run_options(options)
+        kwargs = dict(kwargs) if kwargs else {}
         telemetry = self._telemetry
         start = now()
         tokens = context.set_strategy_context(self)  # mixing was checked above

@@ -36,7 +36,7 @@ from nbdist.reduce import ReduceOp
 from nbdist.strategies._compiled import translate_compile_error
 from nbdist.strategies._grad_buckets import GradientBuckets
 from nbdist.strategies.base import ReplicaContext, Strategy
-from nbdist.values import DistributedValues
+from nbdist.values import DistributedValues, select_replica
 from nbdist.variables import (
     Variable,
     VariableAggregation,
@@ -166,6 +166,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._backend = _backend(communication_options.implementation, device)
         self._devices = (device,)
         self._target = physical_device(device)
+        self._on_cuda = self._target.type == "cuda"
         self._parameter_devices = (device,)
         self._num_workers = topology.world_size
         self._worker_index = topology.rank
@@ -255,17 +256,19 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     # -- run ------------------------------------------------------------------------------
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        from nbdist.values import select_replica
-
         ctx = ReplicaContext(self, self._worker_index, 0)
-        if self._buckets is not None:
-            self._buckets.active = True
+        buckets = self._buckets
+        if buckets is not None:
+            buckets.active = True
         tokens = context.set_replica_context(ctx)
         try:
-            if self._target.type == "cuda":
+            args = select_replica(0, args) if args else args
+            if kwargs:
+                kwargs = select_replica(0, kwargs)
+            if self._on_cuda:
                 with _cuda_scope(self._target):
-                    return fn(*select_replica(0, args), **select_replica(0, kwargs))
-            return fn(*select_replica(0, args), **select_replica(0, kwargs))
+                    return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         except BaseException as error:
             translated = translate_compile_error(error, self._worker_index)
             if translated is not error:
@@ -280,8 +283,8 @@ class MultiWorkerMirroredStrategy(Strategy):
             raise
         finally:
             context.reset(tokens)
-            if self._buckets is not None:
-                self._buckets.active = False
+            if buckets is not None:
+                buckets.active = False
 
     # -- collectives ----------------------------------------------------------------------
     def _timeout(self, options: Any) -> float | None:
@@ -293,8 +296,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         return self._communication_options(options).compression
 
     def _replica_all_reduce(self, ctx: ReplicaContext, op: ReduceOp, value: Any, options) -> Any:
-        from nbdist._private_api import pytree
-
         if self._group is None:
             return value
         timeout, compression = None, self._options.compression
@@ -302,6 +303,8 @@ class MultiWorkerMirroredStrategy(Strategy):
             timeout, compression = self._timeout(options), self._compression(options)
         if type(value) is torch.Tensor:  # the common case: one tensor, no tree to walk
             return self._group.all_reduce([value], op, timeout=timeout, compression=compression)[0]
+        from nbdist._private_api import pytree
+
         leaves, spec = pytree.tree_flatten(value)
         tensors = [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in leaves]
         if not tensors:
