@@ -56,6 +56,9 @@ PRIVATE_NAMES: dict[str, str] = {
     "ipyparallel's event loop is not running (its public state changes only on that loop)",
     "ipyparallel IPEngine._signal_stop": "the engine's SIGTERM handler: the only place that "
     "knows the engine is being stopped on purpose, so that a normal stop can exit 0",
+    "ipyparallel IPController.save_connection_dict": "replaced (nbdist/cluster/"
+    "_controller_main.py) to write connection files atomically: ipyparallel writes them in "
+    "place and engines polling for them can read half a file; there is no setting for it",
 }
 
 

@@ -4,11 +4,13 @@
 of `python -m ipyparallel.controller ARGS` (same arguments). Before handing over it makes every
 file the controller writes readable by its owner only (umask 077: connection files, logs), and
 starts `watch_parent`, so the controller and its schedulers stop when the process that started
-the cluster dies, however it dies.
+the cluster dies, however it dies; and it writes its connection files atomically, so an engine
+waiting for one never reads it half-written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -18,9 +20,38 @@ def main() -> None:
     from nbdist.cluster.parent_watch import watch_parent
 
     watch_parent()
+    from ipyparallel.controller.app import IPController
     from ipyparallel.controller.app import main as controller_main
 
+    IPController.save_connection_dict = _save_connection_dict_atomically
     controller_main()
+
+
+def _save_connection_dict_atomically(app: object, fname: str, cdict: dict) -> None:
+    """ipyparallel's `IPController.save_connection_dict`, written whole or not at all.
+
+    Engines started before the controller poll for its connection file and read it as soon
+    as it exists; ipyparallel writes it in place, so on a loaded machine an engine could read
+    it half-written and exit (`JSONDecodeError`, the whole start failing). Writing a temporary
+    file in the same folder and renaming it (atomic on POSIX) means the file exists only once
+    complete. Same content and mode (owner read/write) as ipyparallel's.
+    """
+    import json
+    import tempfile
+
+    folder = app.profile_dir.security_dir  # type: ignore[attr-defined]
+    target = os.path.join(folder, fname)
+    app.log.info("writing connection info to %s", target)  # type: ignore[attr-defined]
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{fname}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(json.dumps(cdict, indent=2))
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ def test_every_listed_name_is_checked_here():
         "torch._foreach_add/_add_/_div_/_mul/_mul_/_maximum/_minimum/_copy_",
         "torch.autograd.Variable._execution_engine.queue_callback",
         "ipyparallel launcher._wait_thread", "ipyparallel IPEngine._signal_stop",
+        "ipyparallel IPController.save_connection_dict",
     }  # fmt: skip
     assert set(private.PRIVATE_NAMES) == checked, "a private name was added without a check"
 
@@ -118,3 +119,28 @@ def test_ipyparallel_engine_keeps_its_sigterm_handler():
     assert "_signal_stop" in dir(app.IPEngine), "ipyparallel IPEngine._signal_stop is gone"
     engine = private.stop_noting_engine(app.IPEngine)
     assert issubclass(engine, app.IPEngine) and engine.stopping is False
+
+
+def test_controller_connection_files_are_written_whole(tmp_path):
+    import inspect
+    import json
+    import logging
+    import types
+
+    from ipyparallel.controller.app import IPController
+
+    from nbdist.cluster._controller_main import _save_connection_dict_atomically
+
+    original = inspect.signature(IPController.save_connection_dict)
+    assert list(original.parameters) == ["self", "fname", "cdict"], (
+        "ipyparallel IPController.save_connection_dict changed its signature"
+    )
+    app = types.SimpleNamespace(  # the two attributes of IPController the method reads
+        profile_dir=types.SimpleNamespace(security_dir=str(tmp_path)),
+        log=logging.getLogger("test"),
+    )
+    _save_connection_dict_atomically(app, "ipcontroller-engine.json", {"key": "k", "n": 1})
+    written = tmp_path / "ipcontroller-engine.json"
+    assert json.loads(written.read_text()) == {"key": "k", "n": 1}
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["ipcontroller-engine.json"]  # no temp left
