@@ -5,7 +5,9 @@
    every step and a live dashboard refreshing in its thread ("on") against telemetry off, no
    `nd.log` and no dashboard ("off"). Blocks of steps alternate on/off (order flipped every
    trial); reported: the median over adjacent pairs of on/off - 1 (target: under 3 %), the
-   ratio of the medians, and the refresher's CPU time over the on blocks' time (direct).
+   ratio of the medians, the ratio of the medians of the process's CPU time per step (all its
+   threads: replicas and refresher; steadier than wall time on a loaded machine), and the
+   refresher's CPU time over the on blocks' time (direct).
 2. Redraw: one redraw of the reductions view with 10,000 collective records (target: under
    100 ms), next to the anchor of drawing an empty Agg figure to PNG; a million records
    recorded through a strategy's telemetry (memory bounded: resident memory after 10k and after
@@ -63,15 +65,18 @@ def overhead(trials: int, steps: int) -> dict:
     telemetry = strategy.extended.telemetry
     counts = {"refreshes": 0, "refresh_cpu_s": 0.0, "on_s": 0.0}
 
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+
     def block(on: bool) -> float:
         telemetry.enabled = on
         board = Dashboard(strategy, namespace={"model": model}) if on else None
         first = (board.refreshes, board.busy_cpu_s) if board is not None else (0, 0.0)
         try:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 strategy.run(step, args=(on,))
             elapsed = time.perf_counter() - start
+            cpu[on].append((time.process_time() - start_cpu) / steps)
             if board is not None:
                 counts["refreshes"] += board.refreshes - first[0]
                 counts["refresh_cpu_s"] += board.busy_cpu_s - first[1]
@@ -83,6 +88,7 @@ def overhead(trials: int, steps: int) -> dict:
 
     block(True), block(False)  # warm up
     counts.update(refreshes=0, refresh_cpu_s=0.0, on_s=0.0)
+    cpu[True].clear(), cpu[False].clear()
     on, off = [], []
     for trial in range(trials):
         for flag in (True, False) if trial % 2 == 0 else (False, True):
@@ -93,6 +99,7 @@ def overhead(trials: int, steps: int) -> dict:
         "step_off_s": statistics.median(off),
         "overhead": statistics.median(ratios),
         "overhead_of_medians": statistics.median(on) / statistics.median(off) - 1,
+        "cpu_overhead_of_medians": statistics.median(cpu[True]) / statistics.median(cpu[False]) - 1,
         "refreshes": counts["refreshes"],
         "refresh_cpu_share": counts["refresh_cpu_s"] / counts["on_s"],
         "trials": trials,
@@ -217,6 +224,8 @@ def main(argv: list[str]) -> int:
     print(f"{'training step, telemetry+nd.log+dashboard':46} {o['step_on_s'] * 1e3:12.3f}")
     print(f"{'overhead (median of paired blocks)':46} {o['overhead'] * 100:11.2f}% {'< 3 %':>10}")
     print(f"{'overhead (ratio of medians)':46} {o['overhead_of_medians'] * 100:11.2f}%")
+    cpu_overhead = o["cpu_overhead_of_medians"] * 100
+    print(f"{'process CPU per step (ratio of medians)':46} {cpu_overhead:11.2f}%")
     print(f"{'refresher CPU / on blocks (direct)':46} {o['refresh_cpu_share'] * 100:11.2f}% "
           f"{o['refreshes']:>4} refreshes")  # fmt: skip
     rows = [

@@ -16,10 +16,11 @@ each block, untimed set-up and tear-down around it):
 
 Reported: rank 0's time per step of each variant (median of blocks); the overhead of `records`
 and of `on` over `off` as the median over trials of variant/off - 1 (paired blocks, the primary
-statistic), as the ratio of the medians, and rank 1's ratio of medians; how many dashboard
-refreshes and feed messages there were, with their CPU time (`time.thread_time`) over the
-blocks' time: a direct measure that stays readable when other work on a shared machine makes
-the block times noisy. Target: under 3 % for both.
+statistic), as the ratio of the medians, rank 1's ratio of medians, and the ratio of the medians
+of rank 0's process CPU time per step (all its threads; steadier than wall time when other
+work shares the machine); how many dashboard refreshes and feed messages there were, with their
+CPU time (`time.thread_time`) over the blocks' time: a direct measure that stays readable when
+other work on a shared machine makes the block times noisy. Target: under 3 % for both.
 
 Run: `python benchmarks/bench_dashboard_overhead.py [--quick]`.
 """
@@ -120,22 +121,25 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
     telemetry.enabled = False
     names = ("off", "records", "on")
     samples: dict[str, list[float]] = {name: [] for name in names}
+    cpu_samples: dict[str, list[float]] = {name: [] for name in names}
     inner, trials = params["inner"], params["trials"]
     for trial in range(WARMUP + trials):
         for name in names if trial % 2 == 0 else names[::-1]:
             gc.collect()
             with live(name == "on") if name != "off" else contextlib.nullcontext():
                 dist.barrier()
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 for _ in range(inner):
                     strategy.run(step, args=(name != "off",))
                 elapsed = (time.perf_counter() - start) / inner
+                elapsed_cpu = (time.process_time() - start_cpu) / inner
             if name != "off":
                 counts[f"{name}_s"] += elapsed * inner
             if trial >= WARMUP:
                 samples[name].append(elapsed)
+                cpu_samples[name].append(elapsed_cpu)
     strategy.shutdown()
-    return {"samples": samples, "counts": counts, "records": telemetry.appended}
+    return {"samples": samples, "cpu": cpu_samples, "counts": counts, "records": telemetry.appended}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,12 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     params = {"inner": INNER, "trials": 4 if args.quick else TRIALS}
     results = launch("bench_dashboard_overhead", params, timeout=args.timeout)
     rank0, rank1 = results[0]["samples"], results[1]["samples"]
+    cpu0 = results[0]["cpu"]
     off = rank0["off"]
     overhead = {
         name: {
             "paired": median(paired_ratios(rank0[name], off)) - 1,
             "of_medians": median(rank0[name]) / median(off) - 1,
             "rank1_of_medians": median(rank1[name]) / median(rank1["off"]) - 1,
+            "cpu_of_medians": median(cpu0[name]) / median(cpu0["off"]) - 1,
         }
         for name in ("records", "on")
     }
@@ -176,9 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         table(
-            ["overhead over off", "paired (primary)", "ratio of medians", "rank 1"],
+            ["overhead over off", "paired (primary)", "ratio of medians", "rank 1",
+             "rank 0 CPU/step"],
             [[labels[name], f"{o['paired'] * 100:+.2f} %", f"{o['of_medians'] * 100:+.2f} %",
-              f"{o['rank1_of_medians'] * 100:+.2f} %"] for name, o in overhead.items()],
+              f"{o['rank1_of_medians'] * 100:+.2f} %", f"{o['cpu_of_medians'] * 100:+.2f} %"]
+             for name, o in overhead.items()],
         )
     )  # fmt: skip
     print()
