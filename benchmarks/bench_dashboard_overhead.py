@@ -8,8 +8,9 @@ each block, untimed set-up and tear-down around it):
 
 - `off`: telemetry disabled, no `nd.log`, no dashboard, no feed.
 - `records`: telemetry enabled, `nd.log(loss=...)` every step, and on every worker the engine
-  feed's work at its pace (`nbdist.cluster.feed.feed_message` every `_PUBLISH_S`, pickled, as
-  the engine publisher sends it): what engines pay while a dashboard shows them.
+  feed's work at its pace (`nbdist.cluster.engine_side.publisher.feed_message` every
+  `_PUBLISH_S`, pickled, as the engine publisher sends it): what engines pay while a
+  dashboard shows them.
 - `on`: `records` plus, on rank 0, a live `nd.dashboard` of its strategy refreshing in its
   thread at its own pace (the drawing runs in a training process: the in-process case, and more
   than the engines pay, whose dashboard draws in the notebook's process).
@@ -54,7 +55,7 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
     import nbdist as nd
-    from nbdist.cluster.feed import _PUBLISH_S, feed_message
+    from nbdist.cluster.engine_side.publisher import _PUBLISH_S, feed_message
     from nbdist.metrics import metric_log
     from nbdist.widgets import Dashboard
 

@@ -17,6 +17,7 @@ from nbdist.cluster.errors import (
     RemoteNameError,
     SerializationError,
 )
+from nbdist.cluster.ps_cluster import PSCluster  # noqa: F401  (Cluster(strategy="parameter_server"))
 from nbdist.cluster.remote import EngineStrategy, RemoteRef, remote
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 

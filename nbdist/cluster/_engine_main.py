@@ -30,8 +30,8 @@ def main() -> None:
     import torch  # noqa: F401  (the expensive import, done before registering)
     from ipyparallel.engine.app import IPEngine
 
-    import nbdist.cluster._engine_side  # noqa: F401
     from nbdist._private_api import stop_noting_engine
+    from nbdist.cluster.engine_side import calls, joining  # noqa: F401  (what the notebook calls)
 
     Engine = stop_noting_engine(IPEngine)
     try:

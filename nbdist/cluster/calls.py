@@ -38,7 +38,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbdist.cluster import _engine_side, _wire
+from nbdist.cluster import _wire
+from nbdist.cluster.engine_side import calls as engine_calls
+from nbdist.cluster.engine_side.health import release_peers
 from nbdist.cluster.errors import (
     ClusterInterrupted,
     EngineTimeoutError,
@@ -80,11 +82,12 @@ def call_engines(
     what: str,
     fn: Any = None,
 ) -> list[dict[str, Any]]:
-    """Call `_engine_side.<entry>(payload, *extra)` on every engine; replies in replica order.
+    """Call `engine_side.calls.<entry>(payload, *extra)` on every engine; replies in replica order.
 
     Args:
         cluster: A running cluster.
-        entry: The name of a function of `_engine_side` that returns a reply dict.
+        entry: The name of a function of `engine_side.calls` that returns a reply dict
+            (`"call"`, `"call_steps"`, `"store"` or `"fetch"`).
         payloads: One payload for every engine, or a list with one per engine.
         extra: More arguments, the same for every engine.
         timeout: Seconds to wait (None: no limit).
@@ -142,7 +145,7 @@ def _submit(
     extra: tuple,
 ) -> list[Any]:
     """Send the request; one AsyncResult per engine, in replica order."""
-    func = getattr(_engine_side, entry)
+    func = getattr(engine_calls, entry)
     ids = [info.id for info in engines]
     if isinstance(payloads, (bytes, bytearray)):
         result = client.direct_view(ids).apply_async(func, payloads, *extra)
@@ -331,7 +334,7 @@ class Supervisor:
             try:
                 answer = (
                     client.direct_view([info.id])
-                    .apply_async(_engine_side.release_peers, who)
+                    .apply_async(release_peers, who)
                     .get(timeout=_RELEASE_TIMEOUT_S)
                 )
             except Exception:

@@ -2,7 +2,7 @@
 
 `Cluster(n=2).start()` starts an ipyparallel controller and `n` engines on this machine (or
 one engine per GPU, each pinned with `CUDA_VISIBLE_DEVICES`), then bootstraps every engine at
-once (`_engine_side.bootstrap`): torchrun variables, torch threads, and a
+once (`engine_side.joining.bootstrap`): torchrun variables, torch threads, and a
 `MultiWorkerMirroredStrategy` kept in the engine's namespace as `strategy`. `cluster.strategy`
 is the notebook's side of it (`EngineStrategy`). `stop()` leaves no process behind: it stops
 ipyparallel's controller and engines, then waits, under a deadline, for every process of the
@@ -21,10 +21,11 @@ import socket
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from nbdist.cluster import _engine_side, _wire
+from nbdist.cluster import _wire
 from nbdist.cluster.calls import call_engines, reply_ok
+from nbdist.cluster.engine_side import health, joining
 from nbdist.cluster.errors import ClusterStartError, ClusterUnusableError, EngineTimeoutError
 from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
 from nbdist.cluster.lockdown import private_dirs, private_files
@@ -49,9 +50,9 @@ __all__ = ["Cluster"]
 
 _LOG = logging.getLogger(__name__)
 _ATTACH = (
-    "import nbdist.cluster._engine_side as _nbdist_engine_side\n"
-    "_nbdist_engine_side.attach(get_ipython().user_ns)\n"
-    "del _nbdist_engine_side\n"
+    "import nbdist.cluster.engine_side.state as _nbdist_engine_state\n"
+    "_nbdist_engine_state.attach(get_ipython().user_ns)\n"
+    "del _nbdist_engine_state\n"
 )
 
 _running: weakref.WeakSet[Cluster] = weakref.WeakSet()
@@ -102,13 +103,23 @@ class Cluster:
             print(out)      # PerReplica:{0: 0, 1: 1}
     """
 
+    # strategy name -> the subclass `Cluster(strategy=name)` creates (`__init_subclass__`)
+    _by_strategy: ClassVar[dict[str, type[Cluster]]] = {}
+
+    def __init_subclass__(cls, *, strategy: str | None = None, **kwargs: Any) -> None:
+        """Register a subclass that `Cluster(strategy=<strategy>)` creates, e.g.
+        `class PSCluster(Cluster, strategy="parameter_server")`: the subclass's module imports
+        this one, never the reverse (no import cycle); `nbdist.cluster` imports both."""
+        super().__init_subclass__(**kwargs)
+        if strategy is not None:
+            Cluster._by_strategy[strategy] = cls
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is Cluster:
             strategy = kwargs.get("strategy", args[5] if len(args) > 5 else "mirrored")
-            if isinstance(strategy, str) and strategy.strip().lower() == "parameter_server":
-                from nbdist.cluster.ps_cluster import PSCluster
-
-                return super().__new__(PSCluster)
+            name = strategy.strip().lower() if isinstance(strategy, str) else None
+            if name in Cluster._by_strategy:
+                return super().__new__(Cluster._by_strategy[name])
             if "num_ps" in kwargs:
                 raise InvalidArgumentError(
                     f"num_ps is for strategy='parameter_server', got strategy={strategy!r}; "
@@ -375,7 +386,7 @@ class Cluster:
             self._progress(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
         self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
         private_dirs(self._ipp.profile_dir)  # connection files, keys and logs: owner only
-        threads = max(1, _cores() // plan.n)
+        threads = max(1, joining.cores() // plan.n)
         if not settings.engines_first:
             self._ipp.start_controller_sync()
         for count, environment in plan.engine_sets():
@@ -404,14 +415,14 @@ class Cluster:
         view = self._client.direct_view(ids)
         wait_all(view.execute(_ATTACH, block=False), deadline, "attaching", plan.timeout)
         described = wait_all(
-            view.apply_async(_engine_side.describe, self._controller_address()),
+            view.apply_async(joining.describe, self._controller_address()),
             deadline,
             "describing",
             plan.timeout,
         )
         ranked = rank_engines(plan, ids, described)
         results = [
-            self._client.direct_view([engine_id]).apply_async(_engine_side.bootstrap, config)
+            self._client.direct_view([engine_id]).apply_async(joining.bootstrap, config)
             for engine_id, _, config in ranked
         ]
         from ipyparallel.client.asyncresult import AsyncResult
@@ -529,7 +540,7 @@ class Cluster:
         generation = f"r{self._generation}"
         ids = [info.id for info in self._engines]
         try:
-            result = self._client.direct_view(ids).apply_async(_engine_side.reform, generation)
+            result = self._client.direct_view(ids).apply_async(health.reform, generation)
             replies = result.get(timeout=min(self._plan.timeout, 30.0))
         except Exception as error:
             return f"{type(error).__name__}: {error}"
@@ -612,10 +623,6 @@ def _register_atexit() -> None:
     if not _atexit_registered:
         atexit.register(_stop_all_at_exit)
         _atexit_registered = True
-
-
-def _cores() -> int:
-    return _engine_side._cores()
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 __all__ = ["PSCluster"]
 
 
-class PSCluster(Cluster):
+class PSCluster(Cluster, strategy="parameter_server"):
     """Engines as ParameterServerStrategy tasks; see the module docstring.
 
     Args:
@@ -99,7 +99,7 @@ class PSCluster(Cluster):
         return self._coordinator
 
     def _join(self, deadline: float) -> None:
-        from nbdist.cluster import _engine_side
+        from nbdist.cluster.engine_side.joining import describe
         from nbdist.cluster_resolver import ClusterSpec, SimpleClusterResolver
         from nbdist.strategies.parameter_server import ParameterServerStrategy, ps_task
 
@@ -107,7 +107,7 @@ class PSCluster(Cluster):
         ids = sorted(self._client.ids)[: plan.n]
         view = self._client.direct_view(ids)
         described = wait_all(
-            view.apply_async(_engine_side.describe, "127.0.0.1"),
+            view.apply_async(describe, "127.0.0.1"),
             deadline,
             "describing",
             plan.timeout,
@@ -159,7 +159,7 @@ class PSCluster(Cluster):
             raise InvalidArgumentError(
                 f"worker index {index!r} is not one of 0..{self.num_workers - 1}."
             )
-        from nbdist.cluster import _engine_side
+        from nbdist.cluster.engine_side.joining import describe
 
         before = set(self._client.ids)
         deadline = time.monotonic() + self._plan.timeout
@@ -177,7 +177,7 @@ class PSCluster(Cluster):
         eid = min(fresh)
         described = (
             self._client.direct_view([eid])
-            .apply_async(_engine_side.describe, "127.0.0.1")
+            .apply_async(describe, "127.0.0.1")
             .get(timeout=self._plan.timeout)
         )
         described = described[0] if isinstance(described, list) else described

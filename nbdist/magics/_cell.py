@@ -3,7 +3,7 @@
 `run_cell` runs on each engine: it executes the cell's Python code in the engine's interactive
 namespace (so names persist between cells, and `strategy`, `nd`, `torch` are there) and
 evaluates a final expression, IPython-style. It never raises: it replies with a dict as
-`nbdist.cluster._engine_side` does (`{"ok": True, "value": pickled}` or `_wire.failure`).
+`nbdist.cluster.engine_side.calls` does (`{"ok": True, "value": pickled}` or `_wire.failure`).
 
 `distribute_cell` is the notebook's half: it checks the cell's syntax here (one SyntaxError,
 not one per engine), sends it, prints the engines' output live, prefixed by replica id, and
@@ -62,7 +62,7 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
     except BaseException as error:  # reported to the notebook, never raised here
         with contextlib.suppress(Exception):
             show_figures()  # what was drawn before the error, as a notebook shows it
-        from nbdist.cluster._engine_side import failure_reply
+        from nbdist.cluster.engine_side.failures import failure_reply
 
         return failure_reply(error, "cell")
     finally:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cluster
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NBDIST_DIR = os.path.dirname(os.path.abspath(nbdist.__file__))
-INTERNAL_NAMES = ("magics/core.py", "_cell.py", "calls.py", "engines.py", "_engine_side.py")
+INTERNAL_NAMES = ("magics/core.py", "_cell.py", "calls.py", "engines.py", "engine_side")
 
 CELLS = [
     f"%load_ext {EXTENSION}\n%dist start -n 2",

@@ -1,0 +1,23 @@
+"""The engine-side half of the cluster: code that runs inside the ipyparallel engines.
+
+The notebook sends these functions by reference (cloudpickle pickles a module-level function
+as its module and name), so each engine imports this package and runs its own copy: the
+notebook and the engines must have the same nbdist. None of these modules runs in the
+notebook, and none imports the notebook side (`engines`, `calls`, `remote` import them, never
+the other way round, except `calls.fetch`/`_resolve`, which read `remote.RemoteRef`).
+
+One module per job:
+
+- `state`: what the engine knows about itself (its namespace, strategy, rank, group).
+- `joining`: joining the cluster (`describe`, `bootstrap`), run once per engine start.
+- `calls`: the entry points behind `strategy.run`, `run_steps`, `push` and `pull`.
+- `health`: releasing blocked peers and forming the process group again.
+- `failures`: failure replies that say where the user's code was and which peer failed first.
+- `publisher`: the telemetry feed the engine publishes while a cell runs (`cluster.feed`
+  is its notebook half).
+
+Example (on an engine, after `bootstrap`)::
+
+    from nbdist.cluster.engine_side import state
+    state.strategy().num_replicas_in_sync
+"""

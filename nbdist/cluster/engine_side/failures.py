@@ -1,0 +1,85 @@
+"""Failure replies from the engine: what failed, where the user's code was, and whether it is
+merely a consequence of another replica's failure.
+
+Runs on the engine (the entry points of `calls` and `%%distribute`'s `magics._cell.run_cell`
+reply with `failure_reply` instead of raising), because only the engine has the traceback and
+knows its process group's state. The notebook only shows the reply (`RemoteError`).
+
+Example (on an engine)::
+
+    try:
+        1 / 0
+    except ZeroDivisionError as error:
+        reply = failure_reply(error, "cell")    # {"ok": False, "ename": ..., "where": ...}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from nbdist.cluster import _wire
+from nbdist.cluster.engine_side import state
+
+__all__ = ["failure_reply", "where"]
+
+
+def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
+    """`_wire.failure`, knowing one more consequence: a `torch.distributed` call the user made
+    directly that failed because a peer that failed left the group (Note [Raw collectives] in
+    `nbdist.collectives.torch_dist`) is secondary, and its message names that peer."""
+    reply = _wire.failure(error, stage)
+    reply["where"] = where(error)
+    if reply["secondary"]:
+        return reply
+    from nbdist.collectives.torch_dist import raised_in_torch_distributed
+
+    group = state.group()
+    if group is None or not raised_in_torch_distributed(error):
+        return reply
+    abandoned = group.abandoned
+    if abandoned is not None:
+        reason, _, secondary = abandoned
+        reply["secondary"] = secondary
+        reply["evalue"] = (
+            f"released from a torch.distributed call: {reason}; the process group was "
+            f"abandoned. Original error: {reply['evalue']}"
+        )
+        return reply
+    with contextlib.suppress(Exception):
+        failures = group.peer_failures()
+        if failures:
+            rank, message = min(failures.items())
+            reply["secondary"] = True
+            reply["evalue"] = (
+                f"released from a torch.distributed call because replica {rank} failed "
+                f"({message}); the process group is unusable until a restart. Original error: "
+                f"{reply['evalue']}"
+            )
+    return reply
+
+
+def where(error: BaseException) -> str:
+    """Where the user's code was when `error` was raised, in a few words: the innermost frame
+    outside nbdist, torch and ipyparallel (a cell's line with its source), and the
+    `torch.distributed` function it was in, if any.
+
+    Example: `"at line 3 (dist.recv(t, src=1)), in torch.distributed.recv"`.
+    """
+    import traceback as traceback_module
+
+    from nbdist.collectives.liveness import C10D_FILE
+
+    frames = traceback_module.extract_tb(error.__traceback__)
+    library = f"{os.sep}torch{os.sep}"
+    user = [f for f in frames if not _wire.is_internal(f.filename) and library not in f.filename]
+    text = ""
+    if user:
+        frame = user[-1]
+        source = (frame.line or "").strip()
+        text = f"at line {frame.lineno}" + (f" ({source[:60]})" if source else "")
+    inside = [f for f in frames if f.filename.endswith(C10D_FILE)]
+    if inside:
+        text += f", in torch.distributed.{inside[-1].name}"
+    return text.lstrip(", ")

@@ -1,0 +1,138 @@
+"""Joining the cluster: where an engine runs (`describe`) and its one-time setup (`bootstrap`).
+
+Runs on the engine, once per engine start: the notebook calls `describe` on every engine to
+choose the rendezvous address and port, then `bootstrap` with each engine's rank. Sent by
+reference, so the engine imports this module (the same nbdist on both sides).
+
+Example (what the notebook does, through ipyparallel)::
+
+    info = view.apply_async(joining.describe, "127.0.0.1").get()   # host, pid, free port, ...
+    view.apply_async(joining.bootstrap, config).get()               # joins the group
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from typing import Any
+
+from nbdist.cluster.engine_side import state
+from nbdist.cluster.engine_side.health import group_prefix
+
+__all__ = ["bootstrap", "cores", "describe"]
+
+
+def describe(controller: str = "127.0.0.1") -> dict[str, Any]:
+    """Where this engine runs: host, pid, its address as peers reach it, and a free port.
+
+    `controller` is the controller's address; the engine's own address is the one its
+    traffic to the controller leaves from (127.0.0.1 when the controller is local), so the
+    rendezvous uses an interface the other engines can reach.
+    """
+    address = _address_towards(controller)
+    bind = "127.0.0.1" if address.startswith("127.") else ""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((bind, 0))
+        port = sock.getsockname()[1]
+    return {
+        "host": socket.gethostname(),
+        "address": address,
+        "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "free_port": port,
+        "cores": cores(),
+    }
+
+
+def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
+    """Join the engines' process group and create the engine's strategy.
+
+    `config` holds `rank`, `world_size`, `local_rank`, `local_world_size`, `master_addr`,
+    `master_port` and `implementation`. Sets the torchrun variables (so code on the engine,
+    and `nd.MultiWorkerMirroredStrategy()` with no arguments, see the same cluster), drops
+    `TF_CONFIG` (it would take precedence), sets torch's intra-op threads to this machine's
+    cores divided among its engines, and stores `strategy`, `nd` and `torch` in the namespace.
+    """
+    namespace = state.namespace()
+    env = {
+        "RANK": str(config["rank"]),
+        "WORLD_SIZE": str(config["world_size"]),
+        "LOCAL_RANK": str(config["local_rank"]),
+        "LOCAL_WORLD_SIZE": str(config["local_world_size"]),
+        "MASTER_ADDR": str(config["master_addr"]),
+        "MASTER_PORT": str(config["master_port"]),
+    }
+    os.environ.pop("TF_CONFIG", None)
+    os.environ.update(env)
+    # the store listens on the rendezvous address only (Note [A store on one address])
+    os.environ["NBDIST_BIND_STORE"] = "1"
+    if config["master_addr"] in ("127.0.0.1", "localhost") and "GLOO_SOCKET_IFNAME" not in (
+        os.environ
+    ):
+        loopback = _loopback_interface()
+        if loopback:
+            os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    import torch
+
+    threads = max(1, cores() // max(1, int(config["local_world_size"])))
+    torch.set_num_threads(threads)
+    import nbdist as nd
+    from nbdist.cluster_resolver import TorchrunClusterResolver
+    from nbdist.communication import CommunicationImplementation, CommunicationOptions
+
+    options = CommunicationOptions(
+        implementation=CommunicationImplementation.from_value(config["implementation"])
+    )
+    strategy = nd.MultiWorkerMirroredStrategy(
+        TorchrunClusterResolver(environ=env), communication_options=options
+    )
+    state.set_strategy(strategy, int(config["rank"]))
+    from nbdist.metrics import set_home_replica
+
+    set_home_replica(int(config["rank"]), engine=True)
+    from nbdist.cluster.engine_side.publisher import start_publisher
+
+    start_publisher()
+    namespace.update(nd=nd, torch=torch, strategy=strategy)
+    return {
+        "device": str(strategy.extended.worker_devices[0]),
+        "backend": strategy.process_group_backend,
+        "threads": threads,
+        "num_replicas_in_sync": strategy.num_replicas_in_sync,
+        "prefix": group_prefix(),
+    }
+
+
+def cores() -> int:
+    """CPU cores this process may run on (its affinity), for torch's intra-op threads."""
+    with contextlib.suppress(AttributeError, OSError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _address_towards(peer: str) -> str:
+    """This machine's IPv4 address on the route to `peer` (no packet is sent)."""
+    try:
+        target = socket.gethostbyname(peer)
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    if target.startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((target, 9))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return socket.gethostbyname(socket.gethostname())
+
+
+def _loopback_interface() -> str | None:
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with ipyparallel
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(getattr(a, "address", None) == "127.0.0.1" for a in addresses):
+            return name
+    return None

@@ -1,0 +1,109 @@
+"""The engine's half of the dashboard feed: the records it publishes while a cell runs, and the
+snapshot it returns when the notebook pulls one.
+
+Runs on the engine: `joining.bootstrap` starts one publisher thread (`start_publisher`) that,
+at most twice a second and only when something new was recorded, sends the newest records with
+ipyparallel's data publication (a `data_message` on IOPub, attached to the request the engine
+is running). `engine_snapshot` is sent by reference by `nbdist.cluster.feed.pull` (so the
+engine imports this module: the same nbdist on both sides). `nbdist.cluster.feed` is the
+notebook's half, which reads both.
+
+Example (on an engine that joined the cluster)::
+
+    from nbdist.cluster.engine_side.publisher import feed_message
+    from nbdist.cluster.engine_side import state
+    feed_message(state.strategy(), state.rank())["telemetry"]
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nbdist.cluster.engine_side import state
+
+__all__ = ["FEED_KEY", "engine_snapshot", "feed_message", "start_publisher"]
+
+FEED_KEY = "nbdist_feed"
+_PUBLISH_S = 0.5
+_TAIL = 1_000  # newest records sent per message (a slower reader can miss older ones)
+_publisher: dict[str, Any] = {"thread": None}
+
+
+def engine_snapshot() -> dict[str, Any]:
+    """This engine's records (runs on the engine)."""
+    from nbdist.holdings import holdings, memory_in_use
+    from nbdist.metrics import metric_log
+
+    strategy = state.current_strategy()
+    namespace = state.namespace_or_empty()
+    telemetry = strategy.extended.telemetry.snapshot() if strategy is not None else {}
+    device = str(strategy.extended.worker_devices[0]) if strategy is not None else "cpu"
+    return {
+        "rank": state.rank(),
+        "telemetry": telemetry,
+        "metrics": metric_log().records(),
+        "metrics_appended": metric_log().appended,
+        "holdings": holdings(namespace),
+        "memory": memory_in_use(device),
+        "time": time.time(),
+    }
+
+
+def feed_message(strategy: Any, rank: int) -> dict[str, Any]:
+    """What one feed message carries: the newest records of `strategy`'s telemetry and of
+    this process's metric log, the collectives in progress and the memory in use.
+
+    Example:
+        >>> import nbdist as nd
+        >>> sorted(feed_message(nd.get_strategy(), 0))
+        ['memory', 'metrics', 'metrics_appended', 'rank', 'telemetry', 'time']
+    """
+    from nbdist.holdings import memory_in_use
+    from nbdist.metrics import metric_log
+
+    log = metric_log()
+    return {
+        "rank": rank,
+        "time": time.time(),
+        "memory": memory_in_use(str(strategy.extended.worker_devices[0])),
+        "telemetry": strategy.extended.telemetry.tail(_TAIL, _TAIL),
+        "metrics": log.tail(_TAIL),
+        "metrics_appended": log.appended,
+    }
+
+
+def _publish_once(last: tuple) -> tuple:
+    from ipyparallel.datapub import publish_data
+
+    from nbdist.metrics import metric_log
+
+    strategy = state.current_strategy()
+    if strategy is None:
+        return last
+    now = (strategy.extended.telemetry.version, metric_log().version)
+    if now == last:
+        return last
+    publish_data({FEED_KEY: feed_message(strategy, state.rank())})
+    return now
+
+
+def start_publisher() -> None:
+    """Start this engine's publisher thread (once; runs on the engine)."""
+    import threading
+
+    if _publisher["thread"] is not None:
+        return
+
+    def loop() -> None:
+        last: tuple = ()
+        while True:
+            time.sleep(_PUBLISH_S)  # a pace, not a synchronisation
+            try:
+                last = _publish_once(last)
+            except Exception:  # no kernel (plain process) or a closed socket: stay quiet
+                time.sleep(5 * _PUBLISH_S)
+
+    thread = threading.Thread(target=loop, name="nbdist-feed", daemon=True)
+    _publisher["thread"] = thread
+    thread.start()
