@@ -1,6 +1,6 @@
 """What this engine knows about itself: its interactive namespace, strategy, rank and group.
 
-Runs on the engine (`joining.attach` and `joining.bootstrap` fill it in, the other
+Runs on the engine (`attach` and `joining.bootstrap` fill it in, the other
 engine-side modules read it). It lives in one small module so that every engine-side job
 reads the same state without importing the others.
 

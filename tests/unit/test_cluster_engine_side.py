@@ -1,0 +1,69 @@
+"""The engine-side package (`nbdist.cluster.engine_side`) stays out of user tracebacks, and its
+entry points answer with reply dicts, in this process (no engines: the default strategy)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+
+import pytest
+
+import nbdist as nd
+from nbdist.cluster import _wire, engine_side
+from nbdist.cluster.engine_side import calls, state
+from nbdist.errors import is_nbdist_file
+
+MODULES = sorted(
+    f"{engine_side.__name__}.{info.name}" for info in pkgutil.iter_modules(engine_side.__path__)
+)
+
+
+def test_the_package_holds_one_module_per_job():
+    names = {name.rsplit(".", 1)[1] for name in MODULES}
+    assert names == {"state", "joining", "calls", "health", "failures", "publisher"}
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_engine_side_module_is_hidden_from_user_tracebacks(name):
+    module = importlib.import_module(name)
+    assert module.__doc__ and "engine" in module.__doc__, f"{name} has no docstring"
+    assert _wire.is_internal(module.__file__), f"{name}'s frames would show in remote tracebacks"
+    assert is_nbdist_file(module.__file__), f"{name}'s frames would show in local tracebacks"
+
+
+def _user_step(x):
+    return x / 0  # the line the reply points at
+
+
+@pytest.fixture
+def engine_state():
+    """The engine state of this process for one test: the default strategy, rank 0."""
+    state.attach({})
+    state.set_strategy(nd.get_strategy(), 0)
+    try:
+        yield
+    finally:
+        state.set_strategy(None, None)
+        state.attach(None)
+
+
+def test_a_failing_call_replies_with_the_users_frames_only(engine_state):
+    reply = calls.call(_wire.encode(_wire.Call.of(_user_step, (1,), {})))
+    assert reply["ok"] is False and reply["ename"] == "ZeroDivisionError", reply
+    assert "_user_step" in reply["traceback"] and "x / 0" in reply["traceback"]
+    assert f"{os.sep}engine_side{os.sep}" not in reply["traceback"]
+    assert os.path.dirname(nd.__file__) not in reply["traceback"]
+    assert reply["where"].startswith("at line ") and "x / 0" in reply["where"]
+
+
+def test_store_then_fetch_round_trips_a_value(engine_state):
+    assert calls.store(_wire.dumps({"answer": 42}))["ok"]
+    reply = calls.fetch(_wire.dumps(["answer"]))
+    assert reply["ok"] and _wire.loads(reply["value"]) == [42]
+
+
+def test_an_engine_that_never_joined_says_how_to_fix_it():
+    reply = calls.call(_wire.encode(_wire.Call.of(_user_step, (1,), {})))
+    assert reply["ok"] is False
+    assert "cluster.restart()" in reply["evalue"] or "nd.Cluster" in reply["evalue"], reply
