@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import collections
 import html
+import io
 import operator
 import time
 from typing import Any
 
 import ipywidgets
 import numpy as np
+import PIL.Image
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
 from nbdist.timeline import STUCK_S, blame, step_split, straggler, stuck
-from nbdist.widgets._canvas import new_figure, png_bytes
+from nbdist.widgets._canvas import new_figure
 
 __all__ = ["STUCK_S", "ReductionsPanels", "ReductionsView", "draw_reductions", "op_totals"]
 
@@ -37,8 +39,12 @@ _OP, _NBYTES, _DURATION = operator.itemgetter(0), operator.itemgetter(1), operat
 # Note [Fast redraw]: drawing a figure from scratch (Figure, axes, one artist per bar, ticks
 # laid out anew, PNG at full compression) cost ~1 s for 10,000 records. The panels below are
 # built once; a redraw sets the vertices of a few `PolyCollection`s and the offsets of one
-# scatter per op, sets the limits from numpy min/max (no autoscaling over artists), and encodes
-# the PNG at compression level 1. Log axes are labelled with plain text (no mathtext layout).
+# scatter per op, sets the limits from numpy min/max rounded up to round numbers (no
+# autoscaling over artists), and encodes the PNG at compression level 1. Log axes are labelled
+# with plain text (no mathtext layout). Most of a draw is the frame: axes, ticks and their
+# labels. While the frame stays the same (the rounded limits, replicas, ops), `png()` restores
+# the pixels of the frame drawn last time and draws only the data and the titles on it
+# (matplotlib's blitting: the data artists are `animated`, left out of `canvas.draw()`).
 
 
 def _si(value: float, _pos: Any = None) -> str:
@@ -57,6 +63,24 @@ class _MinorSI(Formatter):
             return ""
         mantissa = value / 10 ** np.floor(np.log10(value) + 1e-9)
         return _si(value) if round(mantissa) in (2, 5) else ""
+
+
+_ROUND = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def _nice(value: float) -> float:
+    """The smallest round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten)
+    at least `value` (1 for nothing): limits that stay put while the data grows a little, so
+    the frame is drawn once (Note [Fast redraw])."""
+    if not value > 0:
+        return 1.0
+    power = 10.0 ** np.floor(np.log10(value))
+    return next(m * power for m in _ROUND if m * power >= value * (1 - 1e-9))
+
+
+def _decades(low: float, high: float) -> tuple[float, float]:
+    """Log-axis limits widened to whole powers of ten."""
+    return 10.0 ** np.floor(np.log10(low)), 10.0 ** np.ceil(np.log10(high))
 
 
 def _boxes(left: Any, right: Any, bottom: Any, top: Any) -> np.ndarray:
@@ -147,6 +171,36 @@ class ReductionsPanels:
         )  # fmt: skip
         self._replicas: list[int] = []
         self._bar_names: list[str] = []
+        self._frame: Any = None
+        self._background: Any = None
+
+    def png(self) -> bytes:
+        """The figure as PNG, drawing only the data when the frame (axes, ticks, labels,
+        legends) is the one drawn last time (Note [Fast redraw])."""
+        canvas = self.fig.canvas
+        dynamic = [self.waiting, self.working, self.bars, self.compute, self.comm,
+                   self.timeline.title, self.waits.title, *self.scatters.values()]  # fmt: skip
+        frame = (
+            [ax.get_xlim() + ax.get_ylim() for ax in (self.timeline, self.waits, self.bandwidth,
+                                                       self.steps)],
+            self._replicas, self._bar_names, sorted(self.scatters), canvas.get_width_height(),
+        )  # fmt: skip
+        if frame != self._frame:
+            for artist in dynamic:
+                artist.set_animated(True)  # left out of canvas.draw(), drawn below
+            canvas.draw()
+            self._background = canvas.copy_from_bbox(self.fig.bbox)
+            self._frame = frame
+        else:
+            canvas.restore_region(self._background)
+        for artist in dynamic:
+            self.fig.draw_artist(artist)
+        width, height = canvas.get_width_height()
+        image = PIL.Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw",
+                                     "RGBA", 0, 1)  # fmt: skip
+        buffer = io.BytesIO()
+        image.save(buffer, format="png", compress_level=1)
+        return buffer.getvalue()
 
     def show(self, data: dict) -> None:
         """Put `data`'s numbers into the panels (draws nothing by itself)."""
@@ -178,7 +232,7 @@ class ReductionsPanels:
         ax = self.timeline
         ax.set_ylim(min(replicas, default=0) - 0.6, max(replicas, default=1) + 0.6)
         end = float((x + wait_a + work_a).max()) if len(x) else 1.0
-        ax.set_xlim(0.0, end * 1.02 if end > 0 else 1.0)
+        ax.set_xlim(0.0, _nice(end * 1.02))
         ax.set_title(f"last {len(recent)} collectives", fontsize=9)
 
     def _blame(self, records: list[tuple]) -> None:
@@ -194,7 +248,7 @@ class ReductionsPanels:
             self.waits.set_xticks(positions, names)
         self.waits.set_xlim(-0.6, max(len(names), 1) - 0.4)
         top = float(heights.max()) if len(heights) else 0.0
-        self.waits.set_ylim(0.0, top * 1.1 if top > 0 else 1.0)
+        self.waits.set_ylim(0.0, _nice(top * 1.1))
         self.waits.set_title(
             f"straggler: replica {late}" if late is not None else "no straggler", fontsize=9
         )
@@ -223,8 +277,8 @@ class ReductionsPanels:
             highs.append(points.max(axis=0))
         if lows:
             low, high = np.min(lows, axis=0), np.max(highs, axis=0)
-            ax.set_xlim(low[0] / 1.5, high[0] * 1.5)
-            ax.set_ylim(low[1] / 1.5, high[1] * 1.5)
+            ax.set_xlim(*_decades(low[0] / 1.5, high[0] * 1.5))
+            ax.set_ylim(*_decades(low[1] / 1.5, high[1] * 1.5))
         else:
             ax.set_xlim(1.0, 1e6)
             ax.set_ylim(1.0, 1e3)
@@ -247,9 +301,9 @@ class ReductionsPanels:
 
         self.compute.set_verts([band(np.zeros_like(compute), compute)])
         self.comm.set_verts([band(compute, compute + comm)])
-        self.steps.set_xlim(0.0, max(len(split) - 1, 1))
+        self.steps.set_xlim(0.0, _nice(max(len(split) - 1, 1)))
         top = float((compute + comm).max())
-        self.steps.set_ylim(0.0, top * 1.15 if top > 0 else 1.0)
+        self.steps.set_ylim(0.0, _nice(top * 1.15))
 
 
 def draw_reductions(fig: Any, data: dict) -> None:
@@ -322,7 +376,7 @@ class ReductionsView:
         if self._panels is None:
             self._panels = ReductionsPanels(new_figure(9, 5.5))
         self._panels.show(data)
-        self.image.value = png_bytes(self._panels.fig)
+        self.image.value = self._panels.png()
         late = f"replica {self.straggler}" if self.straggler is not None else "none"
         folded = sum(t["folded"] for t in self.totals.values())
         self._summary = (
