@@ -59,7 +59,8 @@ class WorkerResult:
         stderr: Everything the worker wrote to stderr (tracebacks; stack dumps on timeout).
         result: The object the worker passed to `report` last, as decoded JSON; None if none.
         reported: Whether the worker called `report` at all.
-        elapsed: Seconds from start until the process was seen to exit (or was killed).
+        elapsed: Seconds from the start of the run (when the deadline began) until the
+            process was seen to exit (or was killed).
         timed_out: The worker still ran at the deadline and was killed.
         pid: The worker's process id (gone by the time you read this).
     """
@@ -184,9 +185,10 @@ def run_workers(
             file.write(textwrap.dedent(code))
         workers: list[_Worker] = []
         try:
-            deadline = time.monotonic() + timeout
+            started = time.monotonic()  # every worker's elapsed counts from here, as the deadline
+            deadline = started + timeout
             for rank, env in enumerate(full_envs):
-                workers.append(_start(rank, env, tmp, code_path, cwd))
+                workers.append(_start(rank, env, tmp, code_path, cwd, started))
             _wait(workers, deadline, fail_fast)
         finally:
             _kill_all(workers)
@@ -194,7 +196,12 @@ def run_workers(
 
 
 def _start(
-    rank: int, env: dict[str, str], tmp: str, code_path: str, cwd: str | os.PathLike[str] | None
+    rank: int,
+    env: dict[str, str],
+    tmp: str,
+    code_path: str,
+    cwd: str | os.PathLike[str] | None,
+    started: float,
 ) -> _Worker:
     prefix = os.path.join(tmp, f"worker{rank}")
     env[RESULT_ENV] = prefix + ".json"
@@ -204,9 +211,7 @@ def _start(
             argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
             start_new_session=True,
         )  # fmt: skip
-    return _Worker(
-        rank, popen, prefix + ".out", prefix + ".err", prefix + ".json", time.monotonic()
-    )
+    return _Worker(rank, popen, prefix + ".out", prefix + ".err", prefix + ".json", started)
 
 
 def _wait(workers: list[_Worker], deadline: float, fail_fast: bool) -> None:

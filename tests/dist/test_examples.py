@@ -32,12 +32,12 @@ from nbdist.testing import (
     worker_env,
 )
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]  # two launches of up to 90 s each
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "multi_worker_digits.py"
 EPOCHS = 2
-LAUNCH_TIMEOUT_S = 40  # one launch; a test may also wait for another worker's torchrun launch
+LAUNCH_TIMEOUT_S = 90  # one launch; a test may also wait for another worker's torchrun launch
 _ACCURACY = re.compile(r"^final test accuracy: ([0-9.]+) \((\d+)/(\d+)\)$", re.MULTILINE)
 _EPOCH = re.compile(r"^epoch (\d+)/(\d+)  loss ([0-9.]+)$", re.MULTILINE)
 

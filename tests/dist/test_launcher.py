@@ -246,11 +246,11 @@ def test_ctrl_c_in_the_launcher_kills_and_reaps_every_worker(tmp_path):
         text=True,
     )
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 45  # two Pythons importing torch on a loaded machine
         while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         pids = [int(path.name) for path in tmp_path.iterdir()]
-        assert len(pids) == 2, "the workers did not start within 15 s"
+        assert len(pids) == 2, "the workers did not start within 45 s"
         launcher.send_signal(signal.SIGINT)
         _, stderr = launcher.communicate(timeout=10)
     finally:

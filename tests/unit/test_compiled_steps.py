@@ -136,6 +136,7 @@ def test_compiled_step_averages_gradients_over_replicas():
     shutil.which("g++") is None and shutil.which("c++") is None,
     reason="inductor needs a C++ compiler (.ci/run installs g++)",
 )
+@pytest.mark.timeout(360)  # inductor compiles C++ for the forward and backward: minutes under load
 def test_inductor_compiled_step_on_mirrored_equals_one_device():
     expected = train_one_device("inductor", "step")
     model = train_with(nd.MirroredStrategy(TWO), "inductor", "step")
