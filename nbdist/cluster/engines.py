@@ -42,7 +42,7 @@ from nbdist.cluster.startup import (
     wait_for_registration,
 )
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
-from nbdist.cluster.stop_log import launchers_of, write_log
+from nbdist.cluster.stop_log import launchers_of, quiet_stop_log, write_log
 from nbdist.errors import InvalidArgumentError, WorkerLostError
 from nbdist.values import PerReplica
 
@@ -570,7 +570,7 @@ class Cluster:
             # the controller its engine left and exits at once (with the controller gone it
             # would wait 3 s for the message to go out).
             launchers = launchers_of(self._ipp)
-            with _quiet_stop_log(self._ipp):
+            with quiet_stop_log(self._ipp):
                 for step in (self._ipp.stop_engines_sync, self._ipp.stop_controller_sync):
                     try:
                         step()
@@ -623,25 +623,3 @@ def _register_atexit() -> None:
     if not _atexit_registered:
         atexit.register(_stop_all_at_exit)
         _atexit_registered = True
-
-
-@contextlib.contextmanager
-def _quiet_stop_log(ipp_cluster: Any) -> Any:
-    """Keep ipyparallel from printing a process's whole log while the cluster is being stopped.
-
-    On a busy machine the controller can take longer to exit than ipyparallel waits; it then
-    reports a non-zero exit and dumps the controller's log under `%dist stop`'s one line. A
-    stop the user asked for is not a crash: its messages stay at ERROR and above. An engine
-    that crashes while the cluster runs is still reported, with its output, as before.
-    """
-    log = getattr(ipp_cluster, "log", None)
-    logger = getattr(log, "logger", log)
-    if not isinstance(logger, logging.Logger):
-        yield
-        return
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

@@ -1,4 +1,4 @@
-"""The cluster's process logs, kept in one file when the cluster stops.
+"""The cluster's process logs when it stops: kept in one file, not printed.
 
 ipyparallel sends each engine's and the controller's output to a file in the profile's `log`
 folder and deletes those files when it stops them. nbdist keeps what they said in one file per
@@ -16,10 +16,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["launchers_of", "write_log"]
+__all__ = ["launchers_of", "quiet_stop_log", "write_log"]
 
 
 def launchers_of(ipp_cluster: Any) -> list[tuple[str, Any]]:
@@ -58,3 +60,47 @@ def write_log(launchers: list[tuple[str, Any]], profile_dir: str, cluster_id: st
         with os.fdopen(descriptor, "w") as file:
             file.write("\n".join(sections))
     return path
+
+
+class _StoppedClusters(logging.Filter):
+    """Drops ipyparallel's records below ERROR that name a cluster the user stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cluster_ids: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR or not self.cluster_ids:
+            return True
+        message = record.getMessage()
+        return not any(cluster_id in message for cluster_id in self.cluster_ids)
+
+
+_STOPPED = _StoppedClusters()
+
+
+@contextlib.contextmanager
+def quiet_stop_log(ipp_cluster: Any) -> Iterator[None]:
+    """Keep ipyparallel from printing a process's whole log while the cluster is being stopped.
+
+    On a busy machine the controller can take longer to exit than ipyparallel waits; it then
+    reports a non-zero exit and dumps the controller's log under `%dist stop`'s one line. A
+    stop the user asked for is not a crash: its messages stay at ERROR and above, also those
+    ipyparallel logs later, when it learns that a process it killed has exited (they name the
+    cluster's id: `_StoppedClusters`). An engine that crashes while the cluster runs is still
+    reported, with its output, as before.
+    """
+    log = getattr(ipp_cluster, "log", None)
+    logger = getattr(log, "logger", log)
+    if not isinstance(logger, logging.Logger):
+        yield
+        return
+    if _STOPPED not in logger.filters:
+        logger.addFilter(_STOPPED)
+    _STOPPED.cluster_ids.add(str(getattr(ipp_cluster, "cluster_id", "")) or "?")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
