@@ -30,10 +30,12 @@ __all__ = [
     "FOREACH_OPS",
     "PRIVATE_NAMES",
     "c10d_file",
+    "dynamo_frame_hook",
     "foreach",
     "launcher_has_exited",
     "pytree",
     "queue_backward_callback",
+    "skipped_by_dynamo_like",
     "stop_noting_engine",
     "tensor_version",
     "thread_frames",
@@ -59,6 +61,13 @@ PRIVATE_NAMES: dict[str, str] = {
     "ipyparallel IPController.save_connection_dict": "replaced (nbdist/cluster/"
     "_controller_main.py) to write connection files atomically: ipyparallel writes them in "
     "place and engines polling for them can read half a file; there is no setting for it",
+    "torch._C._dynamo.eval_frame.get_eval_frame_callback": "whether Dynamo watches Python "
+    "frames now (a compiled function is running); torch.compiler.is_compiling() is True only "
+    "while tracing, and a collective's disable wrapper costs ~10 us per call when nothing runs "
+    "compiled",
+    "torch._dynamo.eval_frame.skip_code and the _torchdynamo_disable* attributes": "make a "
+    "wrapper that Dynamo treats exactly as a torch.compiler.disable()d function (graph break "
+    "with its reason, frame never traced) without the disable wrapper's per-call cost",
 }
 
 
@@ -84,6 +93,39 @@ def c10d_file() -> str:
     Found from the function itself, not a hard-coded path, so a moved module is followed.
     """
     return inspect.unwrap(dist.all_reduce).__code__.co_filename
+
+
+dynamo_frame_hook: Callable[[], Any] = torch._C._dynamo.eval_frame.get_eval_frame_callback
+"""`dynamo_frame_hook()` is None in plain eager code, where `torch.compiler.disable` has nothing
+to disable, and not None while Dynamo intercepts Python frames (inside a `torch.compile`d
+function, even in its eager parts between graphs). A C function on purpose: called from a frame
+Dynamo skips, a Python helper would itself be a frame Dynamo traces.
+
+Example:
+    >>> dynamo_frame_hook() is None
+    True
+"""
+
+
+def skipped_by_dynamo_like(wrapper: Callable[..., Any], disabled: Callable[..., Any]) -> None:
+    """Make Dynamo treat `wrapper` as it treats `disabled` (a `torch.compiler.disable`d
+    function): a graph break naming `disabled`'s reason where a compiled function calls it, and
+    `wrapper`'s own frame never traced. `wrapper` must call `disabled` whenever
+    `dynamo_frame_hook()` is not None, so that what it calls is not traced either, and call no
+    other Python function before that test."""
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(wrapper.__code__)
+    for name in _DISABLE_ATTRIBUTES:
+        setattr(wrapper, name, getattr(disabled, name))
+
+
+_DISABLE_ATTRIBUTES = (
+    "_torchdynamo_disable",
+    "_torchdynamo_disable_msg",
+    "_torchdynamo_orig_callable",
+    "_torchdynamo_disable_recursive",
+)
 
 
 def launcher_has_exited(launcher: Any) -> bool:

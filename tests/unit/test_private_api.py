@@ -21,6 +21,10 @@ def test_every_listed_name_is_checked_here():
         "torch.autograd.Variable._execution_engine.queue_callback",
         "ipyparallel launcher._wait_thread", "ipyparallel IPEngine._signal_stop",
         "ipyparallel IPController.save_connection_dict",
+
+
+        "torch._C._dynamo.eval_frame.get_eval_frame_callback",
+        "torch._dynamo.eval_frame.skip_code and the _torchdynamo_disable* attributes",
     }  # fmt: skip
     assert set(private.PRIVATE_NAMES) == checked, "a private name was added without a check"
 
@@ -144,3 +148,52 @@ def test_controller_connection_files_are_written_whole(tmp_path):
     assert json.loads(written.read_text()) == {"key": "k", "n": 1}
     assert written.stat().st_mode & 0o777 == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["ipcontroller-engine.json"]  # no temp left
+
+
+def test_dynamo_frame_hook_is_none_in_eager_code_and_set_inside_a_compiled_function():
+    assert private.dynamo_frame_hook() is None, (
+        "torch._C._dynamo.eval_frame.get_eval_frame_callback no longer returns None in eager "
+        "code (nbdist's collectives use it to skip torch.compiler.disable's wrapper)"
+    )
+    hooks = []
+    disabled = torch.compiler.disable(lambda: None, reason="probe")
+
+    def probe() -> None:  # marked like nbdist's collectives: called, not traced
+        hooks.append(private.dynamo_frame_hook())
+        disabled()
+
+    private.skipped_by_dynamo_like(probe, disabled)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        probe()
+        return x * 2
+
+    assert torch.equal(torch.compile(step, backend="eager")(torch.ones(1)), torch.full((1,), 2.0))
+    assert hooks and hooks[0] is not None, (
+        "torch._C._dynamo.eval_frame.get_eval_frame_callback returned None inside a compiled "
+        "function: nbdist's collectives would then skip torch.compiler.disable there"
+    )
+
+
+def test_skipped_by_dynamo_like_makes_a_graph_break_with_the_disabled_reason():
+    def impl(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    disabled = torch.compiler.disable(impl, reason="nbdist probe reason")
+
+    def wrapper(x: torch.Tensor) -> torch.Tensor:
+        return disabled(x)
+
+    private.skipped_by_dynamo_like(wrapper, disabled)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return wrapper(x * 2)
+
+    with pytest.raises(Exception, match="nbdist probe reason"):
+        torch.compile(step, backend="eager", fullgraph=True)(torch.ones(1))
+    assert torch.equal(
+        torch.compile(step, backend="eager")(torch.ones(1)), torch.full((1,), 3.0)
+    ), (
+        "a wrapper marked with torch._dynamo.eval_frame.skip_code and the _torchdynamo_disable* "
+        "attributes no longer runs as a graph break"
+    )
