@@ -172,6 +172,7 @@ class ReductionsPanels:
         self._replicas: list[int] = []
         self._bar_names: list[str] = []
         self._frame: Any = None
+        self._limits: dict[str, tuple[float, float]] = {}
         self._background: Any = None
 
     def png(self) -> bytes:
@@ -201,6 +202,19 @@ class ReductionsPanels:
         buffer = io.BytesIO()
         image.save(buffer, format="png", compress_level=1)
         return buffer.getvalue()
+
+    def _steady(self, name: str, low: float, high: float) -> tuple[float, float]:
+        """Limits `(low, high)`, or the last ones of `name` while the data still fits them
+        and fills more than a fifth of their span (of their decades on a log axis), so that
+        the frame stays put when the data wobbles (Note [Fast redraw])."""
+        last = self._limits.get(name)
+        if last is not None and last[0] <= low and high <= last[1]:
+            log = low > 0 and last[0] > 0
+            span = (lambda a, b: np.log10(b / a)) if log else (lambda a, b: b - a)
+            if span(low, high) > 0.2 * span(*last):
+                return last
+        self._limits[name] = (low, high)
+        return low, high
 
     def show(self, data: dict) -> None:
         """Put `data`'s numbers into the panels (draws nothing by itself)."""
@@ -232,7 +246,7 @@ class ReductionsPanels:
         ax = self.timeline
         ax.set_ylim(min(replicas, default=0) - 0.6, max(replicas, default=1) + 0.6)
         end = float((x + wait_a + work_a).max()) if len(x) else 1.0
-        ax.set_xlim(0.0, _nice(end * 1.02))
+        ax.set_xlim(*self._steady("timeline.x", 0.0, _nice(end * 1.02)))
         ax.set_title(f"last {len(recent)} collectives", fontsize=9)
 
     def _blame(self, records: list[tuple]) -> None:
@@ -248,7 +262,7 @@ class ReductionsPanels:
             self.waits.set_xticks(positions, names)
         self.waits.set_xlim(-0.6, max(len(names), 1) - 0.4)
         top = float(heights.max()) if len(heights) else 0.0
-        self.waits.set_ylim(0.0, _nice(top * 1.1))
+        self.waits.set_ylim(*self._steady("waits.y", 0.0, _nice(top * 1.1)))
         self.waits.set_title(
             f"straggler: replica {late}" if late is not None else "no straggler", fontsize=9
         )
@@ -277,8 +291,8 @@ class ReductionsPanels:
             highs.append(points.max(axis=0))
         if lows:
             low, high = np.min(lows, axis=0), np.max(highs, axis=0)
-            ax.set_xlim(*_decades(low[0] / 1.5, high[0] * 1.5))
-            ax.set_ylim(*_decades(low[1] / 1.5, high[1] * 1.5))
+            ax.set_xlim(*self._steady("bandwidth.x", *_decades(low[0] / 1.5, high[0] * 1.5)))
+            ax.set_ylim(*self._steady("bandwidth.y", *_decades(low[1] / 1.5, high[1] * 1.5)))
         else:
             ax.set_xlim(1.0, 1e6)
             ax.set_ylim(1.0, 1e3)
@@ -301,9 +315,9 @@ class ReductionsPanels:
 
         self.compute.set_verts([band(np.zeros_like(compute), compute)])
         self.comm.set_verts([band(compute, compute + comm)])
-        self.steps.set_xlim(0.0, _nice(max(len(split) - 1, 1)))
+        self.steps.set_xlim(*self._steady("steps.x", 0.0, _nice(max(len(split) - 1, 1))))
         top = float((compute + comm).max())
-        self.steps.set_ylim(0.0, _nice(top * 1.15))
+        self.steps.set_ylim(*self._steady("steps.y", 0.0, _nice(top * 1.15)))
 
 
 def draw_reductions(fig: Any, data: dict) -> None:
