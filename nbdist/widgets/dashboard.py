@@ -36,8 +36,8 @@ _MAX_INTERVAL_S = 10.0
 _DRAW_SHARE = 0.02
 """At most this share of the time goes to refreshing (collect + draw) while the replicas run in
 this process (an in-process strategy): training shares its CPU and GIL with the refresher, and
-issue 9 allows the dashboard 3 % of it (benchmarks/bench_dashboard_overhead.py). With ~60 ms
-refreshes that is one every 3 s."""
+issue 9 allows the dashboard 3 % of it (benchmarks/bench_dashboard_overhead.py). With ~100 ms
+refreshes (reductions, training, collect) that is one every 5 s."""
 _DRAW_SHARE_ENGINES = 0.2
 """The same while the replicas run on engines (other processes): drawing here takes nothing
 from their GIL, only a share of a core."""
