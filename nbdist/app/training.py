@@ -23,9 +23,11 @@ from nbdist.app.data import load_digits
 
 __all__ = [
     "GLOBAL_BATCH_SIZE",
+    "all_epochs_iterator",
     "build_model",
     "collective_records",
     "epoch_iterator",
+    "epoch_report",
     "evaluate",
     "parameter_checksum",
     "setup",
@@ -90,6 +92,21 @@ def epoch_iterator(epoch: int) -> Any:
         (data.x_train[idx], data.y_train[idx]) for idx in order.split(GLOBAL_BATCH_SIZE)
     ]
     return iter(strategy.experimental_distribute_dataset(batches))
+
+
+def all_epochs_iterator(epochs: int) -> Any:
+    """The global batches of epochs 1..`epochs`, one after another (each epoch shuffled as
+    `epoch_iterator` does), so the driver needs no round trip to start an epoch."""
+    for epoch in range(1, epochs + 1):
+        yield from epoch_iterator(epoch)
+
+
+def epoch_report(steps: int) -> torch.Tensor:
+    """(correct, count, mean loss of the last `steps` steps) on this replica (replica context):
+    the test score of `evaluate` and the epoch's loss in one round trip."""
+    losses = _job["step_losses"][-steps:]
+    scores = evaluate()
+    return torch.cat([scores, torch.tensor([sum(losses) / max(len(losses), 1)])])
 
 
 def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
