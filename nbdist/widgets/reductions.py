@@ -54,6 +54,11 @@ def _si(value: float, _pos: Any = None) -> str:
     return f"{value:g}"
 
 
+def _rate(value: float) -> str:
+    """`22,300` for large rates, `1.25` for small ones (three significant digits there)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 class _MinorSI(Formatter):
     """Minor log ticks labelled 2 and 5 (plain text) while the axis spans under 2 decades."""
 
@@ -159,6 +164,9 @@ class ReductionsPanels:
             axis.set_major_locator(MaxNLocator(nbins=5))
         self.bandwidth.set_xlabel("message bytes")
         self.bandwidth.set_ylabel("MB/s")
+        # the link's peak as measured: the best effective bandwidth of any collective seen
+        (self.peak,) = self.bandwidth.plot([1e-9, 1e18], [1.0, 1.0], ls="--", lw=0.8,
+                                           color="#6c757d", visible=False)  # fmt: skip
         self.scatters: dict[str, Any] = {}
         self.compute = self.steps.add_collection(PolyCollection([], facecolors=_COMPUTE))
         self.comm = self.steps.add_collection(PolyCollection([], facecolors=_WAITING))
@@ -179,8 +187,9 @@ class ReductionsPanels:
         """The figure as PNG, drawing only the data when the frame (axes, ticks, labels,
         legends) is the one drawn last time (Note [Fast redraw])."""
         canvas = self.fig.canvas
-        dynamic = [self.waiting, self.working, self.bars, self.compute, self.comm,
-                   self.timeline.title, self.waits.title, *self.scatters.values()]  # fmt: skip
+        dynamic = [self.waiting, self.working, self.bars, self.compute, self.comm, self.peak,
+                   self.timeline.title, self.waits.title, self.bandwidth.title,
+                   *self.scatters.values()]  # fmt: skip
         frame = (
             [ax.get_xlim() + ax.get_ylim() for ax in (self.timeline, self.waits, self.bandwidth,
                                                        self.steps)],
@@ -293,9 +302,15 @@ class ReductionsPanels:
             low, high = np.min(lows, axis=0), np.max(highs, axis=0)
             ax.set_xlim(*self._steady("bandwidth.x", *_decades(low[0] / 1.5, high[0] * 1.5)))
             ax.set_ylim(*self._steady("bandwidth.y", *_decades(low[1] / 1.5, high[1] * 1.5)))
+            self.peak.set_ydata([high[1], high[1]])
+            self.peak.set_visible(True)
+            ax.set_title(f"bandwidth by size (dashed: peak measured, {_rate(high[1])} MB/s)",
+                         fontsize=9)  # fmt: skip
         else:
             ax.set_xlim(1.0, 1e6)
             ax.set_ylim(1.0, 1e3)
+            self.peak.set_visible(False)
+            ax.set_title("bandwidth by size", fontsize=9)
 
     def _steps(self, split: list[tuple]) -> None:
         if not split:

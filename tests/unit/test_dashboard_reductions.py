@@ -54,6 +54,11 @@ def test_a_10k_record_redraw_accounts_for_every_record():
         assert sum(len(s.get_offsets()) for s in panels.scatters.values()) == 1_000
         assert len(panels.bars.get_paths()) == 2
         assert len(view.image.value) > 10_000
+        # the link's measured peak, next to the points: the best bandwidth of those shown
+        best = max(off[1] for s in panels.scatters.values() for off in s.get_offsets())
+        assert panels.peak.get_visible() and panels.peak.get_ydata()[0] == pytest.approx(best)
+        shown = f"{best:,.0f}" if best >= 100 else f"{best:.3g}"
+        assert f"peak measured, {shown} MB/s" in panels.bandwidth.get_title()
 
         # More than the log keeps: the oldest are folded into the totals, none is lost.
         _record(telemetry, 2_345)
