@@ -23,6 +23,9 @@ HISTOGRAM_BINS = 32
 """Duration histogram bins: bin k holds durations in [2**k, 2**(k+1)) microseconds."""
 
 
+_MARKS = 256  # marks kept (cell starts): a few per cell, never in a hot path
+
+
 @dataclasses.dataclass(frozen=True)
 class CollectiveRecord:
     """What one collective did.
@@ -114,6 +117,7 @@ class Telemetry:
         self.steps_appended = 0
         """Step records ever appended."""
         self._pending: dict[Hashable, tuple] = {}
+        self._marks: collections.deque[tuple[float, str]] = collections.deque(maxlen=_MARKS)
 
     def _make_room(self) -> None:
         if len(self._log) == self._capacity:
@@ -204,6 +208,24 @@ class Telemetry:
             for key, (op, replicas, arrivals) in tuple(self._pending.items())
         ]  # fmt: skip
 
+    def mark(self, label: str) -> None:
+        """Note a moment on this process's timeline, e.g. a notebook cell starting on an
+        engine (the dashboard draws it on the replica's row). The newest `_MARKS` are kept.
+
+        Example:
+            >>> t = Telemetry()
+            >>> t.mark("cell 3")
+            >>> [label for _, label in t.snapshot()["marks"]]
+            ['cell 3']
+        """
+        if self.enabled:
+            self._marks.append((time.perf_counter(), label))
+            self.version += 1
+
+    def _marks_wall_clock(self) -> list[tuple[float, str]]:
+        offset = self._offset
+        return [(at + offset, label) for at, label in list(self._marks)]
+
     def record_step(self, replicas: tuple[int, ...], start: float, duration: float) -> None:
         """Append one step (`strategy.run`) record.
 
@@ -233,6 +255,7 @@ class Telemetry:
             "collectives": [_as_tuple(entry, offset) for entry in recent],
             "steps": [(reps, start + offset, duration) for reps, start, duration in step_tail],
             "pending": self.in_flight(),
+            "marks": self._marks_wall_clock(),
             "appended": self.appended,
             "steps_appended": self.steps_appended,
         }
@@ -244,7 +267,7 @@ class Telemetry:
             >>> t = Telemetry()
             >>> t.record("all_gather", 8, "local", (0,), now(), 0.001, (0.0,))
             >>> sorted(Telemetry().snapshot())
-            ['aggregates', 'appended', 'collectives', 'pending', 'steps', 'steps_appended']
+            ['aggregates', 'appended', 'collectives', 'marks', 'pending', 'steps', 'steps_appended']
         """
         offset = self._offset
         collectives = [_as_tuple(entry, offset) for entry in list(self._log)]
@@ -254,6 +277,7 @@ class Telemetry:
             "collectives": collectives,
             "steps": steps,
             "pending": self.in_flight(),
+            "marks": self._marks_wall_clock(),
             "aggregates": aggregates,
             "appended": self.appended,
             "steps_appended": self.steps_appended,
@@ -278,6 +302,7 @@ class Telemetry:
         """Forget every record."""
         self._log.clear()
         self._steps.clear()
+        self._marks.clear()
         self.aggregates.clear()
         self.version += 1
 

@@ -51,6 +51,7 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
         if shell is None:
             raise RuntimeError("%%distribute cells run on ipyparallel engines (IPython kernels).")
         namespace = shell.user_ns
+        _mark_cell_start(filename)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         tree = ast.parse(code, filename)
         last = None
@@ -84,6 +85,15 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
         )
         return reply
     return {"ok": True, "value": data, "elapsed": time.perf_counter() - start}
+
+
+def _mark_cell_start(filename: str) -> None:
+    """Mark the cell's start on the engine strategy's timeline (the dashboard draws it)."""
+    from nbdist.cluster.engine_side.state import current_strategy
+
+    telemetry = getattr(getattr(current_strategy(), "extended", None), "telemetry", None)
+    if telemetry is not None:
+        telemetry.mark(f"cell {filename.rpartition('-')[2].removesuffix('>')}")
 
 
 def show_figures() -> None:

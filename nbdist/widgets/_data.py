@@ -56,6 +56,7 @@ class LocalSource:
             "collectives": snap["collectives"],
             "steps": snap["steps"],
             "pending": snap["pending"],
+            "marks": {i: snap.get("marks", []) for i in range(len(devices))},
             "aggregates": snap["aggregates"],
             "metrics": metric_log().records(),
             "holdings": {0: rows},
@@ -104,6 +105,7 @@ class ClusterSource:
             snap["metrics"] = (snap["metrics"] + feed["metrics"][-fresh:])[-_KEEP:]
             snap["metrics_appended"] = feed["metrics_appended"]
         tel["pending"] = new.get("pending", [])
+        tel["marks"] = new.get("marks", tel.get("marks", []))  # all of them: a short list
         snap["memory"] = feed["memory"]
         snap["time"] = feed["time"]
         self._seen[rank] = feed["time"]
@@ -161,6 +163,7 @@ class ClusterSource:
             "collectives": collectives,
             "steps": steps,
             "pending": pending,
+            "marks": {r: s["telemetry"].get("marks", []) for r, s in self._snapshots.items()},
             "aggregates": aggregates,
             "metrics": sorted(
                 (m for s in self._snapshots.values() for m in s["metrics"]), key=lambda m: m[4]

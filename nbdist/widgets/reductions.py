@@ -20,7 +20,7 @@ from typing import Any
 import ipywidgets
 import numpy as np
 import PIL.Image
-from matplotlib.collections import PolyCollection
+from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.patches import Patch
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
@@ -150,7 +150,8 @@ class ReductionsPanels:
         self.working = self.timeline.add_collection(
             PolyCollection([], facecolors=_WORKING, edgecolors=_WORKING, linewidths=1.0)
         )
-        self.timeline.set_xlabel("seconds (orange: waiting for others)")
+        self.timeline.set_xlabel("seconds (orange: waiting for others; black: a cell began)")
+        self.cells = self.timeline.add_collection(LineCollection([], colors="#212529", lw=1.5))
         self.bars = self.waits.add_collection(PolyCollection([]))
         self.waits.set_xlabel("replica")
         self.waits.set_ylabel("others waited for it (ms)")
@@ -187,7 +188,8 @@ class ReductionsPanels:
         """The figure as PNG, drawing only the data when the frame (axes, ticks, labels,
         legends) is the one drawn last time (Note [Fast redraw])."""
         canvas = self.fig.canvas
-        dynamic = [self.waiting, self.working, self.bars, self.compute, self.comm, self.peak,
+        dynamic = [self.waiting, self.working, self.cells, self.bars, self.compute, self.comm,
+                   self.peak,
                    self.timeline.title, self.waits.title, self.bandwidth.title,
                    *self.scatters.values()]  # fmt: skip
         frame = (
@@ -228,13 +230,22 @@ class ReductionsPanels:
     def show(self, data: dict) -> None:
         """Put `data`'s numbers into the panels (draws nothing by itself)."""
         records = data["collectives"]
-        self._timeline(records[-_TIMELINE:])
+        before = records[-_TIMELINE - 1][4] if len(records) > _TIMELINE else float("-inf")
+        self._timeline(records[-_TIMELINE:], data.get("marks", {}), before)
         self._blame(records)
         self._bandwidth(records[-_SCATTER:])
         self._steps(step_split(data["steps"][-_TIMELINE:], records[-4 * _TIMELINE :]))
 
-    def _timeline(self, recent: list[tuple]) -> None:
+    def _timeline(
+        self, recent: list[tuple], marks: dict[int, list] | None = None, before: float = 0.0
+    ) -> None:
+        # A cell starts before its first collective: marks after the last collective left
+        # out of the window (`before`) belong to it, and the window begins at the earliest.
+        shown = [(replica, at) for replica, found in (marks or {}).items()
+                 for at, _ in found if at > before]  # fmt: skip
         t0 = recent[0][4] if recent else 0.0
+        if recent and shown:
+            t0 = min(t0, min(at for _, at in shown))
         rows, arrival, wait, work = [], [], [], []
         for _, _, _, reps, start, duration, w in recent:
             latest = max(w) if len(w) > 1 else 0.0
@@ -256,6 +267,10 @@ class ReductionsPanels:
         ax.set_ylim(min(replicas, default=0) - 0.6, max(replicas, default=1) + 0.6)
         end = float((x + wait_a + work_a).max()) if len(x) else 1.0
         ax.set_xlim(*self._steady("timeline.x", 0.0, _nice(end * 1.02)))
+        self.cells.set_segments([  # cell starts inside the window, on their replica's row
+            [(at - t0, replica - 0.5), (at - t0, replica + 0.5)]
+            for replica, at in shown if replica in replicas and at - t0 <= end
+        ])  # fmt: skip
         ax.set_title(f"last {len(recent)} collectives", fontsize=9)
 
     def _blame(self, records: list[tuple]) -> None:

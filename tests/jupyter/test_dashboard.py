@@ -35,7 +35,9 @@ for i in range(5):
 
 
 def test_dashboard_after_a_two_engine_training_cell(dist_shell):
+    before = time.time()
     dist_shell.run_cell_magic("distribute", "", TRAIN)
+    after = time.time()
     board = nd.dashboard()
     try:
         data = board.data
@@ -50,6 +52,11 @@ def test_dashboard_after_a_two_engine_training_cell(dist_shell):
             held = sum(r["bytes"] for r in data["holdings"][replica] if r["kind"] == "parameters")
             assert held == (16 * 4 + 4) * 4
         assert len(data["steps"]) == 10  # 5 steps on each engine
+        # the cell's start, marked on each engine's timeline while the cell ran
+        for replica in (0, 1):
+            at, label = data["marks"][replica][-1]
+            assert label.startswith("cell ") and before - 0.05 <= at <= after + 0.05
+        assert len(board.reductions._panels.cells.get_segments()) == 2
     finally:
         board.close()
 

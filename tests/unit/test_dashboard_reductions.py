@@ -108,3 +108,20 @@ def test_a_collective_waiting_longer_than_stuck_s_names_the_missing_replica():
         assert "straggler: replica 1" in board.reductions.caption.value
     finally:
         board.close()
+
+
+def test_cell_starts_are_marked_on_every_replica_row():
+    strategy = nd.MirroredStrategy(["cpu:0", "cpu:1"])
+    telemetry = strategy.extended.telemetry
+    telemetry.clear()
+    _record(telemetry, 3)
+    telemetry.mark("cell 7")  # what a %%distribute cell does on each engine as it starts
+    _record(telemetry, 3)
+    board = Dashboard(strategy, live=False, namespace={})
+    try:
+        assert [label for _, label in board.data["marks"][0]] == ["cell 7"]
+        segments = board.reductions._panels.cells.get_segments()
+        assert sorted(round(float(s[0][1] + 0.5)) for s in segments) == [0, 1]  # one per row
+        assert all(s[0][0] == s[1][0] > 0 for s in segments)  # vertical, inside the window
+    finally:
+        board.close()
