@@ -297,6 +297,16 @@ class LabPage:
         )
         self.command("notebook:run-all-below" if below else "notebook:run-cell")
 
+    def start_cell(self, index: int) -> None:
+        """Start cell `index` (0-based) and return at once, while it runs (`run_cell` and
+        `command` wait for the command's promise: until the cell has finished)."""
+        self.page.evaluate(
+            "(i) => { const app = window.jupyterapp;"
+            " app.shell.currentWidget.content.activeCellIndex = i;"
+            " app.commands.execute('notebook:run-cell'); return null; }",
+            index,
+        )
+
     def wait_for_text(self, text: str, timeout: float = 120.0) -> None:
         """Wait until `text` is visible anywhere in the notebook's outputs."""
         self.page.get_by_text(text, exact=False).first.wait_for(

@@ -80,16 +80,6 @@ _IMAGE_SRC = (
 )
 
 
-def _start_cell(page, index: int) -> None:
-    """Run cell `index` without waiting for it to finish."""
-    page.page.evaluate(
-        "(i) => { const app = window.jupyterapp;"
-        " app.shell.currentWidget.content.activeCellIndex = i;"
-        " app.commands.execute('notebook:run-cell'); return null; }",
-        index,
-    )
-
-
 def _show_view(page, title: str) -> None:
     """Click the dashboard's tab `title` (navigation happens in the browser)."""
     tab = page.page.locator(".nd-dashboard .lm-TabBar-tab", has_text=title).first
@@ -155,7 +145,7 @@ def test_dashboard_updates_in_the_browser_while_training_runs(tmp_path):
             ).json_value()
             assert states == ["alive", "alive"], states
 
-            _start_cell(page, 2)  # runs until the flag file exists
+            page.start_cell(2)  # runs until the flag file exists
             reductions = _image_index(page, "Reductions")
             first = page.wait_until(_IMAGE_SRC, reductions, timeout=180).json_value()
             first_count = int(page.page.locator(".nd-dashboard .nd-count").first.inner_text())

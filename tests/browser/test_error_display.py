@@ -42,15 +42,6 @@ def _output(page, index: int) -> str:
     )
 
 
-def _start_cell(page, index: int) -> None:
-    page.page.evaluate(
-        "(i) => { const app = window.jupyterapp;"
-        " app.shell.currentWidget.content.activeCellIndex = i;"
-        " app.commands.execute('notebook:run-cell'); return null; }",
-        index,
-    )
-
-
 def _shoot(page, tmp_path, name: str) -> pathlib.Path:
     shot = page.screenshot(tmp_path / f"{name}.png")
     assert shot.stat().st_size > 5_000
@@ -83,7 +74,7 @@ def test_failing_interrupted_and_stop_cells_show_no_nbdist_frames(tmp_path):
         _assert_clean(failing)
         assert "x = 1 / 0" in failing
 
-        _start_cell(page, 2)  # without waiting for it to finish: it sleeps until interrupted
+        page.start_cell(2)  # without waiting for it to finish: it sleeps until interrupted
         page.wait_for_text("sleeping", timeout=120)
         page.command("notebook:interrupt-kernel")  # the stop button
         page.wait_for_text("ClusterInterrupted", timeout=60)

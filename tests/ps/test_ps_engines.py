@@ -14,6 +14,7 @@ import torch
 import nbdist as nd
 from nbdist.app import ps_training
 from nbdist.cluster.processes import pid_alive
+from tests.ps.timing import first_work_after
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -57,12 +58,7 @@ def test_engines_train_survive_a_killed_worker_and_report_a_dead_ps():
             coordinator.schedule(_steps_and_count, args=(model, counter, iterator))
             for _ in range(30)
         ]
-        first_on_1 = None  # seconds from the restart to a function of worker 1 done
-        for value in later:
-            value.get()
-            if value.worker == 1 and first_on_1 is None:
-                first_on_1 = time.monotonic() - restarting
-        work_after = first_on_1 or float("nan")
+        work_after = first_work_after(later, worker=1, since=restarting)
         print(f"worker engine restarted in {restarted:.2f} s; work on it after {work_after:.2f} s")
         coordinator.join()
         assert 1 in {v.worker for v in later}, "the restarted worker got no work"

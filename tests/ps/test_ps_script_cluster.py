@@ -12,6 +12,7 @@ import torch
 import nbdist as nd
 from nbdist.app import ps_training
 from nbdist.testing.ps_tasks import TaskProcesses
+from tests.ps.timing import first_work_after
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -72,12 +73,7 @@ def test_training_survives_a_killed_worker_and_uses_it_again_after_restart():
                 coordinator.schedule(_steps_and_count, args=(model, counter, iterator))
                 for _ in range(40)
             ]
-            first_on_1 = None  # seconds from the restart to a function of worker 1 done
-            for value in later:
-                value.get()
-                if value.worker == 1 and first_on_1 is None:
-                    first_on_1 = time.monotonic() - restarting
-            work_after = first_on_1 or float("nan")
+            work_after = first_work_after(later, worker=1, since=restarting)
             print(f"worker task restarted: work on it {work_after:.2f} s after its start")
             coordinator.join()
             assert {v.worker for v in later} == {0, 1}

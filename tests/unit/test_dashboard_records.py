@@ -11,12 +11,7 @@ import nbdist as nd
 from nbdist.metrics import metric_log
 from nbdist.telemetry import HISTOGRAM_BINS, Telemetry
 
-
-@pytest.fixture(autouse=True)
-def _fresh_metrics():
-    metric_log().clear()
-    yield
-    metric_log().clear()
+pytestmark = pytest.mark.usefixtures("fresh_metrics")  # tests/unit/conftest.py
 
 
 def test_run_records_one_step_per_call_with_its_replicas():

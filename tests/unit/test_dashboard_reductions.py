@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist.metrics import metric_log
 from nbdist.telemetry import now
 from nbdist.timeline import STUCK_S
 from nbdist.widgets import Dashboard
@@ -18,11 +17,7 @@ from nbdist.widgets import Dashboard
 pytest.importorskip("ipywidgets")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_metrics():
-    metric_log().clear()
-    yield
-    metric_log().clear()
+pytestmark = pytest.mark.usefixtures("fresh_metrics")  # tests/unit/conftest.py
 
 
 def _record(telemetry, count: int) -> None:

@@ -10,17 +10,12 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist.metrics import metric_log
 from nbdist.widgets import Dashboard
 
 pytest.importorskip("ipywidgets")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_metrics():
-    metric_log().clear()
-    yield
-    metric_log().clear()
+pytestmark = pytest.mark.usefixtures("fresh_metrics")  # tests/unit/conftest.py
 
 
 def _train(strategy, model, steps=12, slow_replica=None, delay=0.05):
