@@ -308,8 +308,13 @@ class LabPage:
         )
 
     def wait_for_text(self, text: str, timeout: float = 120.0) -> None:
-        """Wait until `text` is visible anywhere in the notebook's outputs."""
-        self.page.get_by_text(text, exact=False).first.wait_for(
+        """Wait until `text` is visible in one of the notebook's outputs.
+
+        Only outputs are searched: the cells' source is on the page too, and a cell that
+        prints `'sleeping'` would otherwise "show" it before it has even started.
+        """
+        outputs = self.page.locator(".jp-OutputArea")
+        outputs.get_by_text(text, exact=False).first.wait_for(
             state="visible", timeout=timeout * 1e3
         )
 
