@@ -302,7 +302,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         if options is not None:
             timeout, compression = self._timeout(options), self._compression(options)
         if type(value) is torch.Tensor:  # the common case: one tensor, no tree to walk
-            return self._group.all_reduce([value], op, timeout=timeout, compression=compression)[0]
+            return self._group.all_reduce_tensor(
+                value, op, timeout=timeout, compression=compression
+            )
         from nbdist._private_api import pytree
 
         leaves, spec = pytree.tree_flatten(value)

@@ -65,6 +65,11 @@ for _ in range(3):
         reduce("sum", torch.full((2,), rank + 1, dtype=torch.int64)).tolist(),
         float(reduce("sum", torch.full((262144,), r)).sum()),
         [t.tolist() for t in reduce("sum", [torch.full((2,), r), torch.full((1,), 2 * r)])],
+        reduce("sum", torch.full((2, 2), r)).tolist(),
+        torch.view_as_real(reduce("sum", torch.full((2,), r * 1j, dtype=torch.complex64))).tolist(),
+        reduce("sum", torch.full((3,), r, requires_grad=True)).tolist(),
+        strategy.run(lambda: ctx().all_reduce("sum", torch.full((3,), r),
+                                              options=Options(timeout_seconds=5))).tolist(),
     ])
 # Steady state: one collective per call, small or large, for a repeating pattern A, B, A, B.
 warm()
@@ -111,6 +116,9 @@ def test_agreed_path_gives_the_same_values_as_the_checked_path(outputs):
         assert first[:5] == [[3.0] * 3, [1.5] * 3, [2.0] * 3, [1.0] * 3, [3, 3]]
         assert first[5] == 3.0 * 262144
         assert first[6] == [[3.0, 3.0], [6.0]]
+        # the hot path's edges: a 2-d tensor, a complex one (torch.distributed's own wrapper
+        # views it as real pairs), one that requires grad, a per-call timeout
+        assert first[7:] == [[[3.0] * 2] * 2, [[0.0, 3.0]] * 2, [3.0] * 3, [3.0] * 3]
         assert out["values"][1] == first and out["values"][2] == first
 
 
