@@ -101,6 +101,24 @@ def all_epochs_iterator(epochs: int) -> Any:
         yield from epoch_iterator(epoch)
 
 
+def epochs_with_reports(epochs: int) -> Any:
+    """`all_epochs_iterator`'s batches, each paired with 0, except each epoch's last batch,
+    paired with the epoch's step count: `train_and_report` then returns the epoch's report
+    from that step, so one `run_steps` call trains a whole epoch and scores it."""
+    data = _job["data"]
+    steps = -(-len(data.x_train) // GLOBAL_BATCH_SIZE)
+    for index, batch in enumerate(all_epochs_iterator(epochs)):
+        yield batch, steps if (index + 1) % steps == 0 else 0
+
+
+def train_and_report(item: tuple[Any, int]) -> torch.Tensor:
+    """`train_step` on `item`'s batch; on an epoch's last batch (`item[1]` > 0, the epoch's
+    step count) it returns `epoch_report` instead of the step's totals."""
+    batch, report_steps = item
+    totals = train_step(batch)
+    return epoch_report(report_steps) if report_steps else totals
+
+
 def epoch_report(steps: int) -> torch.Tensor:
     """(correct, count, mean loss of the last `steps` steps) on this replica (replica context):
     the test score of `evaluate` and the epoch's loss in one round trip."""

@@ -62,6 +62,12 @@ def test_demo_trains_on_engines_and_writes_its_folder(tmp_path):
     assert metrics["replicas_identical"] is True
     assert len(metrics["epoch_losses"]) == 6
     assert metrics["epoch_losses"][-1] < metrics["epoch_losses"][0]
+    # each epoch's report comes from its last step: its loss is the mean of that epoch's steps
+    steps = metrics["steps_per_epoch"]
+    assert len(metrics["step_losses"]) == 6 * steps
+    for epoch, loss in enumerate(metrics["epoch_losses"]):
+        window = metrics["step_losses"][epoch * steps : (epoch + 1) * steps]
+        assert loss == pytest.approx(sum(window) / steps, rel=1e-5)
     assert set(metrics["timings"]) >= {"start", "first_step", "training", "stop", "total"}
     assert (out / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the placement view counts the CNN's parameters and buffers on each replica
