@@ -30,10 +30,51 @@ __all__ = ["MetricLog", "log", "metric_log", "progress", "set_home_replica"]
 _CAPACITY = 100_000
 
 
+# Note [Logging device tensors]: `nd.log(loss=loss)` runs every step, and `loss.item()` on a
+# GPU waits for every kernel queued so far: one device sync per step, which would undo the
+# overlap of compute and communication. So a 0-d tensor on an accelerator is kept as it is
+# (detached, in a `_Deferred`) and read as a number only when someone reads the log (the
+# dashboard's feed, twice a second, from its own thread) or when `_DEFERRED_LIMIT` of them
+# are waiting (which bounds the device memory they hold: one sync per that many values).
+_DEFERRED_LIMIT = 1024
+
+
+class _Deferred:
+    """A logged 0-d device tensor, read as a float the first time it is asked for."""
+
+    __slots__ = ("_tensor", "_value")
+
+    def __init__(self, tensor: Any):
+        self._tensor = tensor
+        self._value: float | None = None
+
+    def value(self) -> float:
+        if self._value is None:
+            self._value = float(self._tensor.item())
+            self._tensor = None  # the device memory goes back
+        return self._value
+
+
+def _plain(entry: tuple) -> tuple:
+    """`entry` with a deferred value read as its float."""
+    value = entry[3]
+    if type(value) is _Deferred:
+        return (entry[0], entry[1], entry[2], value.value(), entry[4])
+    return entry
+
+
 class MetricLog:
     """A bounded log of `(replica, step, name, value, wall_time)` tuples (oldest dropped).
 
-    Steps left out are counted per replica and name.
+    Steps left out are counted per replica and name. Values may be 0-d device tensors, read
+    as floats on first read (Note [Logging device tensors]).
+
+    Example:
+        >>> import torch
+        >>> log = MetricLog()
+        >>> log.add(0, None, {"loss": 0.5, "accuracy": torch.tensor(0.75)})
+        >>> [(name, value) for _, _, name, value, _ in log.records()]
+        [('loss', 0.5), ('accuracy', 0.75)]
     """
 
     def __init__(self, capacity: int = _CAPACITY):
@@ -44,43 +85,59 @@ class MetricLog:
         """Grows with every record (readers redraw only when it changed)."""
         self.appended = 0
         """Records ever appended (to send only the new ones)."""
+        self._deferred: list[_Deferred] = []
 
-    def add(self, replica: int, step: int | None, scalars: dict[str, float]) -> None:
-        """Record `scalars` for `replica` at `step` (the name's next step when None)."""
+    def add(self, replica: int, step: int | None, scalars: dict[str, Any]) -> None:
+        """Record `scalars` for `replica` at `step` (the name's next step when None); each
+        value a float or a 0-d tensor (read when the log is read)."""
         wall = time.time()
         with self._lock:
             for name, value in scalars.items():
                 key = (replica, name)
                 at = self._next_step.get(key, 0) if step is None else step
                 self._next_step[key] = at + 1
+                if hasattr(value, "detach"):
+                    value = _Deferred(value.detach())
+                    self._deferred.append(value)
+                elif type(value) is not float:
+                    value = float(value)
                 self._log.append((replica, at, name, value, wall))
                 self.appended += 1
             self.version += 1
+            waiting = self._deferred if len(self._deferred) >= _DEFERRED_LIMIT else []
+            if waiting:
+                self._deferred = []
+        for value in waiting:  # outside the lock: readers need not wait for the device
+            value.value()
 
     def records(self) -> list[tuple]:
         """Every record kept, oldest first."""
         with self._lock:
-            return list(self._log)
+            entries = list(self._log)
+        return [_plain(entry) for entry in entries]
 
     def tail(self, n: int) -> list[tuple]:
         """The newest `n` records, oldest first."""
         with self._lock:
             n = min(n, len(self._log))
-            return list(itertools.islice(reversed(self._log), n))[::-1] if n else []
+            entries = list(itertools.islice(reversed(self._log), n))[::-1] if n else []
+        return [_plain(entry) for entry in entries]
 
     def last(self, name: str) -> tuple[int, int, float] | None:
         """The newest `(replica, step, value)` logged under `name`, or None."""
         with self._lock:
-            for replica, step, key, value, _ in reversed(self._log):
-                if key == name:
-                    return replica, step, value
-        return None
+            found = next((entry for entry in reversed(self._log) if entry[2] == name), None)
+        if found is None:
+            return None
+        replica, step, _, value, _ = _plain(found)
+        return replica, step, value
 
     def clear(self) -> None:
         """Forget every record."""
         with self._lock:
             self._log.clear()
             self._next_step.clear()
+            self._deferred = []
             self.version += 1
 
     def __len__(self) -> int:
@@ -112,12 +169,16 @@ def _current_replica() -> int:
     return _home["replica"]
 
 
-def _scalar(name: Any, value: Any) -> float:
+def _scalar(name: Any, value: Any) -> Any:
+    """`value` as a float, or a 0-d accelerator tensor kept as it is (Note [Logging device
+    tensors])."""
     if not isinstance(name, str):
         raise ArgumentTypeError(f"nd.log needs string metric names; got {name!r}.")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         numel = getattr(value, "numel", None)
         if callable(numel) and getattr(value, "dim", lambda: 1)() == 0:
+            if getattr(getattr(value, "device", None), "type", "cpu") != "cpu":
+                return value
             return float(value.item())
         raise ArgumentTypeError(
             f"nd.log: metric {name!r} must be a Python number or a 0-d tensor, got "

@@ -111,3 +111,20 @@ def test_one_engine_per_gpu_each_pinned_to_its_own():
     assert counts == [1] * n
     pinned = sorted(cluster.strategy.experimental_local_results(visible))
     assert pinned == [str(i) for i in range(n)]
+
+
+def test_logging_a_gpu_loss_does_not_wait_for_the_gpu():
+    """Note [Logging device tensors]: `nd.log(loss=...)` with a CUDA scalar must not sync; inside
+    a CUDA graph capture any sync (`.item()`) raises, so logging there proves it does not."""
+    from nbdist.metrics import metric_log
+
+    metric_log().clear()
+    x = torch.ones(8, device="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = (x * 2).sum()
+        nd.log(step=0, loss=loss)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert metric_log().last("loss") == (0, 0, 16.0)

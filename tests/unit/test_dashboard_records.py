@@ -53,6 +53,28 @@ def test_log_outside_a_strategy_is_replica_zero_and_steps_count_on():
     ]
 
 
+def test_tensor_values_are_read_when_the_log_is_read_and_never_held_past_the_limit():
+    """Note [Logging device tensors]: the log keeps a 0-d tensor (a device tensor, on a GPU) and
+    reads it on the first read, or once `_DEFERRED_LIMIT` wait; a CPU tensor stands in here."""
+    from nbdist import metrics
+    from nbdist.metrics import MetricLog
+
+    log = MetricLog()
+    value = torch.tensor(2.0)
+    log.add(0, None, {"loss": value, "lr": 1})
+    value.fill_(3.0)  # read late: what the tensor holds when the log is read
+    assert [(r[2], r[3]) for r in log.records()] == [("loss", 3.0), ("lr", 1.0)]
+    assert type(log.records()[0][3]) is float and log.last("loss") == (0, 0, 3.0)
+    assert log.tail(1)[0][2:4] == ("lr", 1.0)
+
+    last = metrics._DEFERRED_LIMIT - 2  # one value waits already: the limit is reached here
+    for step in range(last + 1):
+        log.add(1, step, {"loss": torch.tensor(float(step))})
+    assert log._deferred == []  # every waiting value was read and let go of its tensor
+    assert all(d._tensor is None for d in (entry[3] for entry in log._log) if hasattr(d, "_tensor"))
+    assert log.last("loss") == (1, last, float(last))
+
+
 def test_log_in_replica_context_records_each_replica():
     strategy = nd.MirroredStrategy(["cpu:0", "cpu:1"])
 
