@@ -6,13 +6,11 @@
 - `start_cluster(**kwargs)` starts one cluster per test module (a module-scoped factory with a
   finalizer that stops it), in a module-private `IPYTHONDIR`, so the modules' tests share it.
 - Starting engines costs seconds, so under pytest-xdist the tests of each module here run on
-  one worker (`pytest_xdist_make_scheduler` below; it takes effect when this folder is given on
-  the command line, e.g. `pytest tests/cluster -n 2`, which loads this file in the controller).
+  one worker (`pytest_xdist_make_scheduler` in tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -22,21 +20,6 @@ from nbdist.cluster import Cluster
 from nbdist.testing import assert_processes_gone, no_leftover_processes
 
 STOP_DEADLINE_S = 15.0
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_make_scheduler(config, log):
-    """Keep each module of tests/cluster on one xdist worker (one cluster per module)."""
-    if config.getvalue("dist") != "load":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ClusterModulesTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return path if "tests/cluster/" in path.replace(os.sep, "/") else nodeid
-
-    return ClusterModulesTogether(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -3,13 +3,12 @@
 - `dist_shell`: one IPython shell per test module with nbdist's magics loaded and 2 CPU
   engines started by `%dist start -n 2`; its finalizer runs `%dist stop` and checks that no
   process of the cluster is left. The modules' tests share it (start ≈ 5-8 s).
-- Under pytest-xdist the tests of each module in tests/jupyter (and tests/cluster) run on one
-  worker (`pytest_xdist_make_scheduler` below, active when this folder is on the command line).
+- Under pytest-xdist the tests of each module here run on one worker
+  (`pytest_xdist_make_scheduler` in tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -19,25 +18,6 @@ from nbdist.testing import assert_processes_gone
 
 EXTENSION = "nbdist" if hasattr(nbdist, "load_ipython_extension") else "nbdist._extension"
 """`%load_ext nbdist` once `nbdist` re-exports the hooks of `nbdist._extension`."""
-
-_GROUPED = ("tests/jupyter/", "tests/cluster/")
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_make_scheduler(config, log):
-    """Keep each module of tests/jupyter and tests/cluster on one xdist worker."""
-    if config.getvalue("dist") != "load":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class EngineModulesTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            normalized = path.replace(os.sep, "/")
-            return path if any(part in normalized for part in _GROUPED) else nodeid
-
-    return EngineModulesTogether(config, log)
-
 
 @pytest.fixture
 def extension() -> str:

@@ -87,6 +87,10 @@ def test_dashboard_updates_while_a_distribute_cell_runs(dist_shell):
 
 
 def test_killed_engine_is_marked_dead_and_the_view_keeps_working(dist_shell):
+    dist_shell.run_cell_magic(  # something to show, whichever tests ran before
+        "distribute", "", "strategy.run(lambda: nd.get_replica_context().all_reduce('sum', "
+        "torch.ones(4)))"
+    )
     board = nd.dashboard()
     try:
         cluster = board.source.cluster
