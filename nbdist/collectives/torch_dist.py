@@ -16,12 +16,14 @@ Note [A store on one address]: see `nbdist.collectives.store`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -118,6 +120,7 @@ class DistGroup:
         self._liveness = self._start_liveness(
             connect_store(master_addr, master_port, rank, world_size, timeout, client=True)
         )
+        atexit.register(_stop_heartbeat_at_exit, weakref.ref(self))
 
     def _init_group(self) -> None:
         self._sockets.before()
@@ -518,36 +521,21 @@ class DistGroup:
         self, what: str, flat: torch.Tensor, op: ReduceOp, timeout: float | None
     ) -> None:
         """All-reduce `flat` in place through the process group itself (Note [Direct
-        all-reduce]); as `_collective`, with its bookkeeping, for the agreed hot path."""
+        all-reduce]), with `_collective`'s bookkeeping."""
         if type(flat) is not torch.Tensor or flat.is_complex():
-            self._collective(
-                what,
-                lambda async_op: dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op),
-                timeout,
-            )
-            return
-        if self._broken is not None:
-            raise WorkerLostError(
-                f"The process group is unusable after an earlier failure ({self._broken}). "
-                "Restart the workers and create a new strategy."
-            )
-        self._entered += 1
-        telemetry, key = self.telemetry, self._entered
-        if telemetry is not None:  # in progress, for the dashboard's stuck view
-            telemetry.begin(key, what, self._ranks, [time.perf_counter()])
-        try:
-            if timeout is None or timeout == self.timeout:
-                work = dist.group.WORLD.allreduce([flat], _allreduce_options(op, False))
-                if work is not None:
+
+            def launch(async_op: bool) -> Any:
+                return dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op)
+
+        else:
+
+            def launch(async_op: bool) -> Any:
+                work = dist.group.WORLD.allreduce([flat], _allreduce_options(op, async_op))
+                if not async_op and work is not None:
                     work.wait()
-            else:
-                work = dist.group.WORLD.allreduce([flat], _allreduce_options(op, True))
-                work.wait(timedelta(seconds=timeout))
-        except RuntimeError as error:
-            raise self._diagnose(what, error) from error
-        finally:
-            if telemetry is not None:
-                telemetry.end(key)
+                return work
+
+        self._collective(what, launch, timeout)
 
     def _decline(self, predicted: tuple, timeout: float | None) -> None:
         """Meet peers that expect an all-reduce of layout `predicted` with zeros and the
@@ -742,6 +730,16 @@ def _allreduce_options(op: ReduceOp, async_op: bool) -> dist.AllreduceOptions:
     options.reduceOp = _DIST_OPS[op]
     options.asyncOp = async_op
     return options
+
+
+def _stop_heartbeat_at_exit(group_ref: weakref.ref) -> None:
+    """Stop a group's heartbeat thread before the interpreter finalizes: a daemon thread
+    caught inside a store call then (likeliest when a peer died) is unwound through C++ frames
+    that cannot unwind, and the process dies of SIGABRT ("terminate called without an active
+    exception") after the script had finished."""
+    group = group_ref()
+    if group is not None:
+        group._liveness.stop()
 
 
 def raised_in_torch_distributed(error: BaseException) -> bool:
