@@ -17,7 +17,14 @@ Example:
 """
 
 from nbdist.testing.leftovers import assert_processes_gone, no_leftover_processes
-from nbdist.testing.ports import LOCALHOST, free_port, free_ports, tf_config_env, torchrun_env
+from nbdist.testing.ports import (
+    LOCALHOST,
+    free_port,
+    free_ports,
+    tf_config_env,
+    torchrun_env,
+    wait_for_listener,
+)
 from nbdist.testing.processes import WorkerResult, assert_all_ok, run_workers, worker_env
 from nbdist.testing.results import RESULT_ENV, report
 
@@ -34,5 +41,6 @@ __all__ = [
     "run_workers",
     "tf_config_env",
     "torchrun_env",
+    "wait_for_listener",
     "worker_env",
 ]

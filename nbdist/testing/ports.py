@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 from collections.abc import Sequence
 
-__all__ = ["LOCALHOST", "free_port", "free_ports", "tf_config_env", "torchrun_env"]
+__all__ = [
+    "LOCALHOST",
+    "free_port",
+    "free_ports",
+    "tf_config_env",
+    "torchrun_env",
+    "wait_for_listener",
+]
 
 LOCALHOST = "127.0.0.1"
 """The only address the test launcher uses: nothing leaves the machine."""
@@ -55,6 +64,33 @@ def free_ports(n: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def wait_for_listener(port: int, host: str = LOCALHOST, timeout: float = 60.0) -> None:
+    """Return once something accepts TCP connections on `host:port` (a server process started
+    by a test has come up); the probe connects and closes at once.
+
+    Raises:
+        TimeoutError: nothing listened within `timeout` seconds, naming the address.
+
+    Example:
+        >>> with socket.create_server((LOCALHOST, 0)) as server:
+        ...     wait_for_listener(server.getsockname()[1], timeout=5)
+    """
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while True:
+        try:
+            left = max(0.1, deadline - time.monotonic())
+            with socket.create_connection((host, port), timeout=left):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"nothing listened on {host}:{port} within {timeout:g} s; is the server "
+                    "process running (look at its output)?"
+                ) from None
+            pause.wait(0.05)  # a refused connection fails at once: poll at a pace
 
 
 def _check_rank(rank: int, world_size: int, what: str = "rank") -> None:

@@ -4,6 +4,7 @@ rules and every bad input of issue 11."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -388,3 +389,25 @@ def test_join_raises_when_no_worker_is_reachable_within_the_timeout(spec):
         strategy.close()
     with pytest.raises(nd.errors.CancelledError):
         value.get()
+
+
+def test_a_client_with_a_wrong_key_does_not_stop_a_worker_task():
+    """A stray connection (a port scan, another cluster's chief) is refused and the worker task
+    goes on serving the right chief."""
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    from nbdist.strategies.parameter_server.channels import SocketChannel
+
+    (port,) = free_ports(1)
+    server = nd.Server(nd.ClusterSpec({"worker": [f"127.0.0.1:{port}"]}), "worker", 0)
+    try:
+        with pytest.raises(AuthenticationError):
+            Client(("127.0.0.1", port), authkey=b"not the cluster's key")
+        channel = SocketChannel(f"127.0.0.1:{port}")
+        try:
+            assert channel.call("worker_info")["pid"] == os.getpid()
+        finally:
+            channel.close()
+    finally:
+        server.stop()

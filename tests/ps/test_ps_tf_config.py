@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nbdist.testing.ports import free_ports
+from nbdist.testing.ports import free_ports, wait_for_listener
 from nbdist.testing.processes import worker_env
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -46,6 +46,10 @@ def test_tf_config_scripts_train_the_digits_classifier():
                     start_new_session=True,
                 )
             )
+        # Both workers must be serving before the chief starts: a worker that comes up late
+        # (a loaded machine) would rightly get no work from a short run, as in TensorFlow.
+        for port in ports[1:3]:
+            wait_for_listener(port, timeout=120)
         chief = subprocess.run(
             [sys.executable, str(SCRIPT), "--functions", "80"],
             env=env("chief", 0),

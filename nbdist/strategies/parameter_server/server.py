@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Listener
 from typing import Any
 
@@ -130,7 +131,7 @@ class Server:
         while not self._stopped.is_set():
             try:
                 conn = self._listener.accept()
-            except (OSError, EOFError):
+            except (OSError, EOFError, AuthenticationError):  # a stray or wrong-key client
                 if self._stopped.is_set():
                     return
                 continue
