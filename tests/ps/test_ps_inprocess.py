@@ -369,6 +369,25 @@ def test_a_ps_task_returns_every_dtype_and_size_exactly():
         task.stop()
 
 
+def test_a_client_killed_before_announcing_its_session_does_not_block_later_clients():
+    """Note [Sessions out of order]: a session number taken and never announced (its client
+    died in between) must not keep the ps task from serving the clients after it."""
+    from nbdist.strategies.parameter_server.ps_task import PSTask
+    from nbdist.strategies.parameter_server.transport import SESSIONS, PSClient, connect_store
+
+    task = PSTask("127.0.0.1", 0).start()
+    address = f"127.0.0.1:{task.port}"
+    connect_store(address, 30).add(SESSIONS, 1)  # what the killed client got done
+    client = PSClient(0, address, timeout=30)
+    try:
+        client.create({1: torch.arange(4.0)})
+        assert torch.equal(client.read([1])[0], torch.arange(4.0))
+        assert task.sessions == 1
+    finally:
+        client.close()
+        task.stop()
+
+
 def test_join_raises_when_no_worker_is_reachable_within_the_timeout(spec):
     (port,) = free_ports(1)  # nothing listens there: the worker task was never started
     cluster = nd.ClusterSpec({"worker": [f"127.0.0.1:{port}"], "ps": spec.job_tasks("ps")})

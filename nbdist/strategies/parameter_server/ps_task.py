@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from nbdist.errors import InvalidArgumentError
-from nbdist.strategies.parameter_server.transport import _ANNOUNCE, form_pair
+from nbdist.strategies.parameter_server.transport import _ANNOUNCE, SESSIONS, form_pair
 
 __all__ = ["PSTask"]
 
@@ -76,19 +76,28 @@ class PSTask:
         self._stopped.wait()
 
     def _accept(self) -> None:
-        session = 1
+        # Note [Sessions out of order]: a client takes its session number (`store.add`), then
+        # announces it. A client killed between the two leaves a number that is never
+        # announced; waiting for the numbers strictly in order would then leave every later
+        # client (a restarted worker) waiting for its pair forever. So every number handed out
+        # is checked, and each announced one served once, whatever the order.
+        first_unserved, served = 1, set()
         while not self._stopped.is_set():
             try:
-                announced = self._store.check([f"{_ANNOUNCE}{session}"])
+                taken = int(self._store.add(SESSIONS, 0))
+                for session in range(first_unserved, taken + 1):
+                    if session not in served and self._store.check([f"{_ANNOUNCE}{session}"]):
+                        served.add(session)
+                        threading.Thread(
+                            target=self._serve, args=(session,), name=f"nbdist-ps-s{session}",
+                            daemon=True,
+                        ).start()  # fmt: skip
             except Exception:
                 return  # the store is gone: the process is ending
-            if not announced:
-                self._stopped.wait(0.005)  # poll: TCPStore has no wait that stops on request
-                continue
-            threading.Thread(
-                target=self._serve, args=(session,), name=f"nbdist-ps-s{session}", daemon=True
-            ).start()
-            session += 1
+            while first_unserved in served:
+                served.discard(first_unserved)
+                first_unserved += 1
+            self._stopped.wait(0.005)  # poll: TCPStore has no wait that stops on request
 
     def _serve(self, session: int) -> None:
         try:
