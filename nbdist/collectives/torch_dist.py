@@ -19,7 +19,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import hashlib
 import itertools
 import threading
 import time
@@ -34,6 +33,11 @@ import torch.distributed as dist
 from nbdist.collectives import agreed
 from nbdist.collectives.abort import ABORT_KEY, GroupSockets, decode_abort, encode_abort
 from nbdist.collectives.liveness import C10D_FILE, Liveness
+from nbdist.collectives.signatures import DIMS as _DIMS
+from nbdist.collectives.signatures import SIGNATURE_WIDTH as _SIGNATURE_WIDTH
+from nbdist.collectives.signatures import describe as _describe
+from nbdist.collectives.signatures import rows_agree as _rows_agree
+from nbdist.collectives.signatures import signature as _signature
 from nbdist.collectives.store import BIND_STORE_ENV, connect_store
 from nbdist.errors import (
     CollectiveMismatchError,
@@ -46,13 +50,6 @@ from nbdist.telemetry import Telemetry
 __all__ = ["BIND_STORE_ENV", "DistGroup", "raised_in_torch_distributed"]
 
 
-_SIGNATURE_WIDTH = 64
-_MAX_DESCRIBED = 5
-_DIMS = 8
-_DTYPES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-]  # fmt: skip
 _DIST_OPS = {
     ReduceOp.SUM: dist.ReduceOp.SUM,
     ReduceOp.MEAN: dist.ReduceOp.SUM,
@@ -771,56 +768,3 @@ def _mean(flat: torch.Tensor, count: int) -> torch.Tensor:
     if not (flat.is_floating_point() or flat.is_complex()):
         flat = flat.to(torch.get_default_dtype())
     return flat.div_(count)
-
-
-def _rows_agree(rows: torch.Tensor) -> bool:
-    first = rows[0]
-    return all(torch.equal(first, rows[r]) for r in range(1, rows.shape[0]))
-
-
-def _signature(what: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    row = torch.zeros(_SIGNATURE_WIDTH, dtype=torch.int64)
-    layout = repr([(tuple(t.shape), str(t.dtype)) for t in tensors])
-    digest = hashlib.blake2b(f"{what}|{layout}".encode(), digest_size=7).digest()
-    row[0] = _op_code(what)
-    row[1] = len(tensors)
-    row[2] = int.from_bytes(digest, "big")
-    for k, tensor in enumerate(tensors[:_MAX_DESCRIBED]):
-        base = 3 + k * (_DIMS + 2)
-        row[base] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else 99
-        row[base + 1] = tensor.dim()
-        for d, size in enumerate(tensor.shape[:_DIMS]):
-            row[base + 2 + d] = size
-    return row
-
-
-def _describe(row: torch.Tensor) -> str:
-    count = int(row[1])
-    parts = []
-    for k in range(min(count, _MAX_DESCRIBED)):
-        base = 3 + k * (_DIMS + 2)
-        code, ndim = int(row[base]), int(row[base + 1])
-        dtype = str(_DTYPES[code]).replace("torch.", "") if code < len(_DTYPES) else "?"
-        shape = tuple(int(x) for x in row[base + 2 : base + 2 + min(ndim, _DIMS)])
-        parts.append(f"{shape} {dtype}")
-    more = f" and {count - _MAX_DESCRIBED} more" if count > _MAX_DESCRIBED else ""
-    return f"{_OP_NAMES.get(int(row[0]), 'another collective')} of {count} tensor(s) " + (
-        f"{', '.join(parts)}{more}"
-    )
-
-
-def _op_code(what: str) -> int:
-    return int.from_bytes(hashlib.blake2b(what.encode(), digest_size=7).digest(), "big")
-
-
-_OP_NAMES = {
-    _op_code(name): name
-    for name in [
-        *(f"all_reduce:{op.value}" for op in ReduceOp),
-        *(f"all_gather:{axis}" for axis in range(-4, 8)),
-        "merge_call",
-        "reduce",
-        "gather",
-        "gradient layout",
-    ]
-}
