@@ -391,7 +391,7 @@ class DistGroup:
             nbytes += wire.numel() * wire.element_size()
             self._collective(
                 f"all_reduce:{op.value}",
-                lambda async_op, w=wire: dist.all_reduce(w, _DIST_OPS[op], async_op=async_op),
+                lambda async_op, w=wire: _start_all_reduce(w, op, async_op=async_op),
                 timeout,
             )
             flat = wire.to(dtype) if wire.dtype != dtype else wire
@@ -449,9 +449,7 @@ class DistGroup:
         if telemetry is not None:  # in progress, for the dashboard's stuck view
             telemetry.begin(number, what, self._ranks, [start])
         try:
-            work = dist.group.WORLD.allreduce([flat], _allreduce_options(op, False))
-            if work is not None:
-                work.wait()
+            _start_all_reduce(flat, op, async_op=False)
         except RuntimeError as error:
             raise self._diagnose(what, error) from error
         finally:
@@ -519,20 +517,9 @@ class DistGroup:
     ) -> None:
         """All-reduce `flat` in place through the process group itself (Note [Direct
         all-reduce]), with `_collective`'s bookkeeping."""
-        if type(flat) is not torch.Tensor or flat.is_complex():
-
-            def launch(async_op: bool) -> Any:
-                return dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op)
-
-        else:
-
-            def launch(async_op: bool) -> Any:
-                work = dist.group.WORLD.allreduce([flat], _allreduce_options(op, async_op))
-                if not async_op and work is not None:
-                    work.wait()
-                return work
-
-        self._collective(what, launch, timeout)
+        self._collective(
+            what, lambda async_op: _start_all_reduce(flat, op, async_op=async_op), timeout
+        )
 
     def _decline(self, predicted: tuple, timeout: float | None) -> None:
         """Meet peers that expect an all-reduce of layout `predicted` with zeros and the
@@ -542,7 +529,7 @@ class DistGroup:
         flat[-1] = agreed.flags(op)[1]
         self._collective(
             f"all_reduce:{op.value}",
-            lambda async_op: dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op),
+            lambda async_op: _start_all_reduce(flat, op, async_op=async_op),
             timeout,
         )
 
@@ -662,10 +649,7 @@ class DistGroup:
             raise WorkerLostError(f"The process group is unusable ({self._broken}).")
         self._entered += 1
         try:
-            if type(flat) is torch.Tensor and not flat.is_complex():  # Note [Direct all-reduce]
-                work = dist.group.WORLD.allreduce([flat], _allreduce_options(ReduceOp.SUM, True))
-            else:
-                work = dist.all_reduce(flat, dist.ReduceOp.SUM, async_op=True)
+            work = _start_all_reduce(flat, ReduceOp.SUM, async_op=True)
         except RuntimeError as error:
             raise self._diagnose("gradient all_reduce", error) from error
         self._async_numbers[id(work)] = self._entered
@@ -715,11 +699,11 @@ class DistGroup:
 # Note [Direct all-reduce]: `dist.all_reduce` is a Python wrapper (a logging decorator, the
 # torch-function check, group lookups, new options every call) around the process group's own
 # `allreduce`; on a one-process gloo group a 4 KiB all-reduce takes ~55 us called directly and
-# 70-80 us through the wrapper. The agreed hot path (`all_reduce_tensor`, `_all_reduce_direct`)
-# and the gradient buckets (`all_reduce_async`) call `ProcessGroup.allreduce` on the default
-# group with options built once per op, and wait as `dist.all_reduce` does. They take this path
-# only where the wrapper does nothing else: a plain, non-complex tensor (the wrapper views
-# complex tensors as real pairs and hands tensor subclasses to their `__torch_function__`).
+# 70-80 us through the wrapper. Every all-reduce nbdist runs goes through `_start_all_reduce`,
+# which calls `ProcessGroup.allreduce` on the default group with options built once per op,
+# and waits as `dist.all_reduce` does. It takes this path only where the wrapper does nothing
+# else: a plain, non-complex tensor (the wrapper views complex tensors as real pairs and hands
+# tensor subclasses to their `__torch_function__`).
 @functools.lru_cache(maxsize=16)
 def _allreduce_options(op: ReduceOp, async_op: bool) -> dist.AllreduceOptions:
     """The process group's all-reduce options for `op` (cached: read only)."""
@@ -727,6 +711,18 @@ def _allreduce_options(op: ReduceOp, async_op: bool) -> dist.AllreduceOptions:
     options.reduceOp = _DIST_OPS[op]
     options.asyncOp = async_op
     return options
+
+
+def _start_all_reduce(flat: torch.Tensor, op: ReduceOp, *, async_op: bool) -> Any:
+    """All-reduce `flat` in place, as `dist.all_reduce(flat, op, async_op=async_op)` does, on
+    the process group itself where the wrapper would do nothing more (Note [Direct all-reduce]).
+    Returns the work when `async_op` (None or a finished work otherwise)."""
+    if type(flat) is not torch.Tensor or flat.is_complex():
+        return dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op)
+    work = dist.group.WORLD.allreduce([flat], _allreduce_options(op, async_op))
+    if not async_op and work is not None:
+        work.wait()
+    return work
 
 
 def _stop_heartbeat_at_exit(group_ref: weakref.ref) -> None:
