@@ -73,7 +73,7 @@ def setup(strategy: Any, seed: int = 0) -> dict[str, int]:
     steps = -(-len(data.x_train) // GLOBAL_BATCH_SIZE)
     _job.clear()
     _job.update(strategy=strategy, data=data, model=model, optimizer=optimizer, seed=seed,
-                step_losses=[])  # fmt: skip
+                step_losses=[], steps_per_epoch=steps)  # fmt: skip
     return {"train": len(data.x_train), "test": len(data.x_test), "steps_per_epoch": steps}
 
 
@@ -105,8 +105,7 @@ def epochs_with_reports(epochs: int) -> Any:
     """`all_epochs_iterator`'s batches, each paired with 0, except each epoch's last batch,
     paired with the epoch's step count: `train_and_report` then returns the epoch's report
     from that step, so one `run_steps` call trains a whole epoch and scores it."""
-    data = _job["data"]
-    steps = -(-len(data.x_train) // GLOBAL_BATCH_SIZE)
+    steps = _job["steps_per_epoch"]
     for index, batch in enumerate(all_epochs_iterator(epochs)):
         yield batch, steps if (index + 1) % steps == 0 else 0
 
