@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from nbdist.errors import StrategyMixingError
@@ -48,14 +48,13 @@ def current_scope_strategy() -> Strategy | None:
     return _scope_strategy.get() or _set_strategy.get()
 
 
-def current_replica_context() -> ReplicaContext | None:
-    """The replica context of the `run` we are inside, else None."""
-    return _replica_context.get()
-
-
-def in_merge_call() -> bool:
-    """True inside a `merge_call` function (entered with `enter_replica_context(None)`)."""
-    return _merging.get()
+# `current_replica_context()`: the replica context of the `run` we are inside, else None.
+# `in_merge_call()`: True inside a `merge_call` function (entered with
+# `enter_replica_context(None)`). Both are the context variables' own `get`: every user
+# collective asks, and a Python function around it would cost a frame (Note [Calls per
+# collective]).
+current_replica_context: Callable[[], ReplicaContext | None] = _replica_context.get
+in_merge_call: Callable[[], bool] = _merging.get
 
 
 @contextlib.contextmanager
@@ -88,20 +87,17 @@ def _changes_context(strategy: Strategy) -> bool:
     return getattr(strategy, "changes_context", True)
 
 
-def set_replica_context(replica_context: ReplicaContext) -> tuple[Any, Any]:
-    """Enter `replica_context` without a `with` block (the hot path of `run`); returns the
-    tokens `reset` needs. Prefer `enter_replica_context` elsewhere."""
-    return _scope_strategy.set(replica_context.strategy), _replica_context.set(replica_context)
-
-
-def set_strategy_context(strategy: Strategy) -> tuple[Any, Any]:
-    """Make `strategy` current in cross-replica context without a `with` block, for a caller
-    that already checked it mixes no strategies (`Strategy.run`); returns `reset`'s tokens."""
-    return _scope_strategy.set(strategy), _replica_context.set(None)
+def set_strategy_context(
+    strategy: Strategy, replica_context: ReplicaContext | None = None
+) -> tuple[Any, Any]:
+    """Make `strategy` current without a `with` block, in cross-replica context or, given one,
+    in `replica_context` (which must be one of `strategy`'s), for a caller that already checked
+    it mixes no strategies (`Strategy.run`); returns `reset`'s tokens."""
+    return _scope_strategy.set(strategy), _replica_context.set(replica_context)
 
 
 def reset(tokens: tuple[Any, Any]) -> None:
-    """Leave what `set_replica_context` or `set_strategy_context` entered."""
+    """Leave what `set_strategy_context` entered."""
     _replica_context.reset(tokens[1])
     _scope_strategy.reset(tokens[0])
 

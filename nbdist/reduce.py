@@ -36,14 +36,14 @@ class ReduceOp(enum.Enum):
     @classmethod
     def from_value(cls, value: ReduceOp | str) -> ReduceOp:
         """Return the `ReduceOp` for an op or its name (`"sum"`, `"MEAN"`, ...)."""
-        if type(value) is str:  # every user collective: one dict read for a name seen before
-            member = _BY_NAME.get(value)
+        if type(value) is str or type(value) is cls:  # one dict read for a value seen before
+            member = RESOLVED_OPS.get(value)
             if member is not None:
                 return member
         member = member_by_name(cls, value)
         if member is not None:
-            if type(value) is str and len(_BY_NAME) < _MAX_NAMES:
-                _BY_NAME[value] = member
+            if type(value) is str and len(RESOLVED_OPS) < _MAX_RESOLVED:
+                RESOLVED_OPS[value] = member
             return member
         names = ", ".join(repr(op.value) for op in cls)
         raise InvalidArgumentError(
@@ -77,8 +77,11 @@ class ReduceOp(enum.Enum):
         return tensor.sum(dim=dim)
 
 
-_BY_NAME: dict[str, ReduceOp] = {}  # names already resolved by `from_value`, as given
-_MAX_NAMES = 64
+# Every member, and the names `from_value` has resolved (as given): a caller on a hot path
+# reads its op here, when the value is a `str` or a `ReduceOp`, and calls `from_value` only on
+# a miss (which also raises the error for an unknown name).
+RESOLVED_OPS: dict[ReduceOp | str, ReduceOp] = {op: op for op in ReduceOp}
+_MAX_RESOLVED = 64
 
 
 def _fold(binary, tensors: list[torch.Tensor]) -> torch.Tensor:

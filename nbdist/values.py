@@ -225,8 +225,15 @@ def select_replica(local_index: int, structure: Any, *, unwrap_variables: bool =
         >>> select_replica(1, {"x": PerReplica([1, 2]), "y": 3})
         {'x': 2, 'y': 3}
     """
-    if type(structure) in (tuple, list, dict) and _all_plain(structure):
-        return structure  # nothing to select (the common `args=(tensor,)`): skip the walk
+    if type(structure) in (tuple, list, dict):
+        # Nothing to select in the common `args=(tensor,)`: skip the walk. A plain loop, not
+        # `all(...)` over a generator: this runs once per `strategy.run`, where every Python
+        # frame counts (Note [Calls per collective]).
+        for value in structure.values() if type(structure) is dict else structure:
+            if type(value) not in _PLAIN_LEAVES:
+                break
+        else:
+            return structure
 
     def pick(value: Any) -> Any:
         if isinstance(value, DistributedValues) and (
@@ -239,11 +246,6 @@ def select_replica(local_index: int, structure: Any, *, unwrap_variables: bool =
 
 
 _PLAIN_LEAVES = frozenset({torch.Tensor, int, float, bool, str, type(None)})
-
-
-def _all_plain(structure: tuple | list | dict) -> bool:
-    values = structure.values() if type(structure) is dict else structure
-    return all(type(value) in _PLAIN_LEAVES for value in values)
 
 
 def regroup(

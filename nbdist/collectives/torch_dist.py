@@ -114,6 +114,9 @@ class DistGroup:
                 )
         else:
             self._init_group()
+        # The default group, read once: `dist.group.WORLD` is a property over a lookup, two
+        # Python calls per collective (Note [Calls per collective]).
+        self._world = dist.group.WORLD
         self._liveness = self._start_liveness(
             connect_store(master_addr, master_port, rank, world_size, timeout, client=True)
         )
@@ -391,7 +394,9 @@ class DistGroup:
             nbytes += wire.numel() * wire.element_size()
             self._collective(
                 f"all_reduce:{op.value}",
-                lambda async_op, w=wire: _start_all_reduce(w, op, async_op=async_op),
+                lambda async_op, w=wire: _start_all_reduce(
+                    w, op, async_op=async_op, world=self._world
+                ),
                 timeout,
             )
             flat = wire.to(dtype) if wire.dtype != dtype else wire
@@ -449,7 +454,7 @@ class DistGroup:
         if telemetry is not None:  # in progress, for the dashboard's stuck view
             telemetry.begin(number, what, self._ranks, [start])
         try:
-            _start_all_reduce(flat, op, async_op=False)
+            _start_all_reduce(flat, op, async_op=False, world=self._world)
         except RuntimeError as error:
             raise self._diagnose(what, error) from error
         finally:
@@ -518,7 +523,9 @@ class DistGroup:
         """All-reduce `flat` in place through the process group itself (Note [Direct
         all-reduce]), with `_collective`'s bookkeeping."""
         self._collective(
-            what, lambda async_op: _start_all_reduce(flat, op, async_op=async_op), timeout
+            what,
+            lambda async_op: _start_all_reduce(flat, op, async_op=async_op, world=self._world),
+            timeout,
         )
 
     def _decline(self, predicted: tuple, timeout: float | None) -> None:
@@ -529,7 +536,7 @@ class DistGroup:
         flat[-1] = agreed.flags(op)[1]
         self._collective(
             f"all_reduce:{op.value}",
-            lambda async_op: _start_all_reduce(flat, op, async_op=async_op),
+            lambda async_op: _start_all_reduce(flat, op, async_op=async_op, world=self._world),
             timeout,
         )
 
@@ -649,7 +656,7 @@ class DistGroup:
             raise WorkerLostError(f"The process group is unusable ({self._broken}).")
         self._entered += 1
         try:
-            work = _start_all_reduce(flat, ReduceOp.SUM, async_op=True)
+            work = _start_all_reduce(flat, ReduceOp.SUM, async_op=True, world=self._world)
         except RuntimeError as error:
             raise self._diagnose("gradient all_reduce", error) from error
         self._async_numbers[id(work)] = self._entered
@@ -713,13 +720,18 @@ def _allreduce_options(op: ReduceOp, async_op: bool) -> dist.AllreduceOptions:
     return options
 
 
-def _start_all_reduce(flat: torch.Tensor, op: ReduceOp, *, async_op: bool) -> Any:
+def _start_all_reduce(
+    flat: torch.Tensor, op: ReduceOp, *, async_op: bool, world: Any = None
+) -> Any:
     """All-reduce `flat` in place, as `dist.all_reduce(flat, op, async_op=async_op)` does, on
     the process group itself where the wrapper would do nothing more (Note [Direct all-reduce]).
+    `world`: the default process group when the caller holds it (else looked up).
     Returns the work when `async_op` (None or a finished work otherwise)."""
     if type(flat) is not torch.Tensor or flat.is_complex():
         return dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op)
-    work = dist.group.WORLD.allreduce([flat], _allreduce_options(op, async_op))
+    if world is None:
+        world = dist.group.WORLD
+    work = world.allreduce([flat], _allreduce_options(op, async_op))
     if not async_op and work is not None:
         work.wait()
     return work

@@ -7,7 +7,9 @@ Public methods validate their arguments, then call one `_hook` that each strateg
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -18,9 +20,9 @@ from nbdist.communication import CommunicationOptions
 from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice, resolve_destinations
 from nbdist.errors import ArgumentTypeError, ContextError
 from nbdist.placement import Placement
-from nbdist.reduce import ReduceOp
+from nbdist.reduce import RESOLVED_OPS, ReduceOp
 from nbdist.strategies._compiled import collective_between_graphs
-from nbdist.telemetry import Telemetry, now
+from nbdist.telemetry import Telemetry
 from nbdist.values import DistributedValues, PerReplica, select_replica
 
 __all__ = ["ReplicaContext", "Strategy", "StrategyExtended", "check_run_options"]
@@ -79,6 +81,9 @@ class Strategy:
     # -- scope ----------------------------------------------------------------------------
     # Whether `scope()` enters cross-replica context; only the default strategy's does not.
     changes_context = True
+    # The replica context `run` enters in the caller's thread, for a strategy that runs its one
+    # local replica there (None: `_call_for_each_replica` enters each replica's context).
+    _replica_in_this_thread: ReplicaContext | None = None
 
     @contextlib.contextmanager
     def scope(self, *, sync_gradients: bool = True) -> Iterator[Strategy]:
@@ -109,6 +114,19 @@ class Strategy:
         yield
 
     # -- run ------------------------------------------------------------------------------
+    # Note [Calls per collective]: a user's small collective, `strategy.run(step)` whose step
+    # calls `get_replica_context().all_reduce(...)`, is timed call by call against raw
+    # `dist.all_reduce(t.clone())` (benchmarks/bench_user_collective.py). What it costs over
+    # raw is Python, and right after a barrier (the caches cold, the other rank's threads on
+    # the same cores) each Python function on the path costs microseconds, not the ~0.1 us of a
+    # warm loop: the same work written as three functions (context, trailer copy, collective,
+    # trailer read, telemetry) ran at raw's latency while the layered path of 36 functions took
+    # ~65 us more at 4 KiB (gloo, 2 vCPUs). So the path keeps its frames few: `run` enters the
+    # one replica context of a strategy that runs its replica in the caller's thread
+    # (`_replica_in_this_thread`) together with the strategy, the context variables' own `get`
+    # answers `current_replica_context()`, ops are read from `RESOLVED_OPS`, the replica ids are
+    # computed once, the clock is read without a wrapper and the default process group is held
+    # by the group (20 functions; ~50 us over raw). Keep new work off this path or inline.
     def run(
         self,
         fn: Callable[..., Any],
@@ -150,14 +168,16 @@ class Strategy:
             check_run_options(options)
         kwargs = dict(kwargs) if kwargs else {}
         telemetry = self._telemetry
-        start = now()
-        tokens = context.set_strategy_context(self)  # mixing was checked above
+        start = perf_counter()  # telemetry's clock (`nbdist.telemetry.now`), without a frame
+        # Mixing was checked above. A strategy whose one local replica runs in this thread
+        # enters that replica's context here too (Note [Calls per collective]).
+        tokens = context.set_strategy_context(self, self._replica_in_this_thread)
         try:
             return self._call_for_each_replica(fn, tuple(args), kwargs)
         finally:
             context.reset(tokens)
             if telemetry.enabled:
-                telemetry.record_step(self._local_replica_ids(), start, now() - start)
+                telemetry.record_step(self._local_replica_ids, start, perf_counter() - start)
 
     # -- cross-replica combination ----------------------------------------------------------
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
@@ -251,7 +271,7 @@ class Strategy:
         """
         from nbdist.input import ValueContext
 
-        ids = self._local_replica_ids()
+        ids = self._local_replica_ids
         values = [
             value_fn(ValueContext(replica_id, self.num_replicas_in_sync)) for replica_id in ids
         ]
@@ -318,7 +338,9 @@ class Strategy:
         return tensor
 
     # -- helpers shared by subclasses -----------------------------------------------------
+    @functools.cached_property
     def _local_replica_ids(self) -> tuple[int, ...]:
+        """The global replica ids of this worker's replicas (fixed once the strategy is built)."""
         first = self._worker_index * len(self._devices)
         return tuple(range(first, first + len(self._devices)))
 
@@ -502,6 +524,9 @@ class StrategyExtended:
             yield
 
 
+_OP_TYPES = (str, ReduceOp)
+
+
 class ReplicaContext:
     """The API inside `strategy.run`: who this replica is and how it talks to the others.
 
@@ -550,7 +575,10 @@ class ReplicaContext:
             >>> s.run(lambda: nd.get_replica_context().all_reduce("sum", torch.tensor(1.0)))
             PerReplica:{0: tensor(2.), 1: tensor(2.)}
         """
-        op = ReduceOp.from_value(reduce_op)
+        # The op without a call when seen before (Note [Calls per collective]).
+        op = RESOLVED_OPS.get(reduce_op) if type(reduce_op) in _OP_TYPES else None
+        if op is None:
+            op = ReduceOp.from_value(reduce_op)
         return self._strategy._replica_all_reduce(self, op, value, options)
 
     @collective_between_graphs

@@ -132,7 +132,7 @@ class LocalStrategy(Strategy):
         count = len(self._devices)
         grad_enabled = torch.is_grad_enabled()
         if count == 1:
-            ctx = ReplicaContext(self, self._local_replica_ids()[0], 0)
+            ctx = ReplicaContext(self, self._local_replica_ids[0], 0)
             try:
                 with context.enter_replica_context(ctx), self._replica_device(0):
                     return fn(*select_replica(0, args), **select_replica(0, kwargs))
@@ -170,14 +170,14 @@ class LocalStrategy(Strategy):
             raise _first_failure(failures, count)
         return regroup(
             [value for _, value, _ in outcomes],
-            replica_ids=self._local_replica_ids(),
+            replica_ids=self._local_replica_ids,
             devices=self._devices,
         )
 
     def _replica_main(
         self, k: int, fn: Callable[..., Any], args: tuple, kwargs: dict, grad_enabled: bool
     ) -> tuple[bool, Any, float]:
-        ctx = ReplicaContext(self, self._local_replica_ids()[k], k)
+        ctx = ReplicaContext(self, self._local_replica_ids[k], k)
         try:
             with (
                 context.enter_replica_context(ctx),
@@ -344,7 +344,7 @@ class LocalStrategy(Strategy):
 
         def combine(payloads: list[tuple[tuple, dict]]) -> Any:
             merged_args, merged_kwargs = regroup(
-                payloads, replica_ids=self._local_replica_ids(), devices=self._devices
+                payloads, replica_ids=self._local_replica_ids, devices=self._devices
             )
             with context.enter_replica_context(None):
                 return merge_fn(self, *merged_args, **merged_kwargs)

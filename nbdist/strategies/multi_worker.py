@@ -170,6 +170,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._parameter_devices = (device,)
         self._num_workers = topology.world_size
         self._worker_index = topology.rank
+        self._replica_in_this_thread = ReplicaContext(self, topology.rank, 0)
         self._topology = topology
         self._group: DistGroup | None = None
         if topology.world_size > 1:
@@ -256,11 +257,10 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     # -- run ------------------------------------------------------------------------------
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        ctx = ReplicaContext(self, self._worker_index, 0)
+        # `run` has entered `_replica_in_this_thread`, this worker's one replica context.
         buckets = self._buckets
         if buckets is not None:
             buckets.active = True
-        tokens = context.set_replica_context(ctx)
         try:
             args = select_replica(0, args) if args else args
             if kwargs:
@@ -282,7 +282,6 @@ class MultiWorkerMirroredStrategy(Strategy):
             _label(error, self._worker_index, self.num_replicas_in_sync)
             raise
         finally:
-            context.reset(tokens)
             if buckets is not None:
                 buckets.active = False
 
