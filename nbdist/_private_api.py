@@ -158,7 +158,9 @@ class _Foreach:
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name not in FOREACH_OPS:
             raise AttributeError(f"nbdist uses no torch._foreach_{name}; add it to FOREACH_OPS")
-        return getattr(torch, f"_foreach_{name}")
+        op = getattr(torch, f"_foreach_{name}")
+        setattr(self, name, op)  # later reads find it without calling `__getattr__`
+        return op
 
 
 foreach = _Foreach()

@@ -3,6 +3,7 @@ still exists and still does what nbdist relies on; a failure names the name and 
 
 from __future__ import annotations
 
+import collections
 import inspect
 import sys
 import threading
@@ -34,6 +35,10 @@ def test_torch_utils_pytree_maps_and_flattens_nested_structures():
     leaves, spec = private.pytree.tree_flatten({"a": (1, [2, 3])})
     assert leaves == [1, 2, 3], "torch.utils._pytree.tree_flatten changed its leaf order"
     assert private.pytree.tree_unflatten([4, 5, 6], spec) == {"a": (4, [5, 6])}
+    # select_replica skips the walk for values whose type is no registered node type.
+    nodes = getattr(private.pytree, "SUPPORTED_NODES", None)
+    assert isinstance(nodes, dict), "torch.utils._pytree.SUPPORTED_NODES is gone"
+    assert {list, dict, collections.OrderedDict} <= set(nodes), "SUPPORTED_NODES changed"
 
 
 @pytest.mark.parametrize("op", private.FOREACH_OPS)

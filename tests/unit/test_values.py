@@ -96,3 +96,25 @@ def test_strategies_validate_devices_when_built():
 
 def test_logical_cpu_devices_compute_on_the_host():
     assert physical_device("cpu:1") == torch.device("cpu")
+
+
+def test_select_replica_passes_plain_arguments_through_and_finds_nested_components():
+    """Note [Calls per collective]: `run`'s arguments skip the walk when no top-level value is
+    distributed or a container, and the walk still reaches components inside containers."""
+    import collections
+
+    from nbdist.values import select_replica
+
+    model, optimizer = torch.nn.Linear(2, 2), object()
+    args = (model, optimizer, torch.ones(1), 3)
+    assert select_replica(1, args) is args  # nothing to select: the same tuple back
+    pair = collections.namedtuple("pair", "a b")
+    per_replica = nd.PerReplica([torch.tensor(0.0), torch.tensor(1.0)])
+    for structure, pick in [
+        ((model, per_replica), lambda out: out[1]),
+        ((pair(model, per_replica),), lambda out: out[0].b),
+        ([collections.OrderedDict(x=per_replica)], lambda out: out[0]["x"]),
+        ({"batch": [per_replica]}, lambda out: out["batch"][0]),
+    ]:
+        out = select_replica(1, structure)
+        assert pick(out).item() == 1.0, structure
