@@ -41,8 +41,8 @@ MIB = 1024 * KIB
 SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB, 16 * MIB]
 # size: (trials call by call, collectives per run, trials many per run)
 PLAN = {
-    4 * KIB: (400, 64, 40), 64 * KIB: (300, 32, 40), 1 * MIB: (200, 8, 30),
-    4 * MIB: (80, 4, 20), 16 * MIB: (30, 2, 12),
+    4 * KIB: (800, 64, 80), 64 * KIB: (600, 32, 80), 1 * MIB: (400, 8, 60),
+    4 * MIB: (160, 4, 40), 16 * MIB: (60, 2, 24),
 }  # fmt: skip
 LATENCY_TARGET = 1.15
 THROUGHPUT_TARGET = 0.9
