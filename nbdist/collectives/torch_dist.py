@@ -1,5 +1,6 @@
-"""Collectives between processes on `torch.distributed` (gloo or NCCL): the only module that
-calls torch.distributed collectives.
+"""Collectives between processes on `torch.distributed` (gloo or NCCL): with
+`nbdist.collectives.direct` (how an all-reduce is started), the only module that calls
+torch.distributed collectives.
 
 Note [Checked collectives]: gloo aborts the process when ranks pass buffers of different sizes
 and silently mixes dtypes of the same width, so every user-facing collective first exchanges a
@@ -18,20 +19,25 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import itertools
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from nbdist.collectives import agreed
 from nbdist.collectives.abort import ABORT_KEY, GroupSockets, decode_abort, encode_abort
+from nbdist.collectives.direct import (
+    MAX_PREPARED,
+    Prepared,
+    prepare,
+    start_all_reduce,
+)
 from nbdist.collectives.liveness import C10D_FILE, Liveness
 from nbdist.collectives.signatures import DIMS as _DIMS
 from nbdist.collectives.signatures import SIGNATURE_WIDTH as _SIGNATURE_WIDTH
@@ -50,12 +56,6 @@ from nbdist.telemetry import Telemetry
 __all__ = ["BIND_STORE_ENV", "DistGroup", "raised_in_torch_distributed"]
 
 
-_DIST_OPS = {
-    ReduceOp.SUM: dist.ReduceOp.SUM,
-    ReduceOp.MEAN: dist.ReduceOp.SUM,
-    ReduceOp.MAX: dist.ReduceOp.MAX,
-    ReduceOp.MIN: dist.ReduceOp.MIN,
-}
 _INLINE_BYTES = 16 * 1024
 _TAKE = object()  # all_reduce's `prediction` default: take it from the agreed layouts
 _ROW_WIDTH = _SIGNATURE_WIDTH + _INLINE_BYTES // 8  # int64 words: signature, then inline payload
@@ -93,7 +93,7 @@ class DistGroup:
         self._async_numbers: dict[int, int] = {}  # id(work) -> its collective number
         self._layouts = agreed.AgreedLayouts()  # Note [Agreed layouts]
         # The hot path's constants per agreed layout (Note [Prepared layouts]).
-        self._prepared: dict[tuple, _Prepared | bool] = {}
+        self._prepared: dict[tuple, Prepared | bool] = {}
         self._on_cpu = device.type == "cpu"
         self._broken: str | None = None
         self._aborted: tuple[str, tuple[int, ...], bool] | None = None
@@ -397,7 +397,7 @@ class DistGroup:
             nbytes += wire.numel() * wire.element_size()
             self._collective(
                 f"all_reduce:{op.value}",
-                lambda async_op, w=wire: _start_all_reduce(
+                lambda async_op, w=wire: start_all_reduce(
                     w, op, async_op=async_op, world=self._world
                 ),
                 timeout,
@@ -459,7 +459,7 @@ class DistGroup:
         if telemetry is not None:  # in progress, for the dashboard's stuck view
             telemetry.begin(number, what, self._ranks, [start])
         try:
-            # `_start_all_reduce`'s direct call, its conditions checked above (Note [Prepared
+            # `start_all_reduce`'s direct call, its conditions checked above (Note [Prepared
             # layouts]): a plain tensor of the layout's real dtype.
             self._world.allreduce([flat], prepared.options).wait()
         except RuntimeError as error:
@@ -480,18 +480,14 @@ class DistGroup:
                              (duration,))  # fmt: skip
         return data if plan.shape is None else data.view(plan.shape)
 
-    def _prepare(self, key: tuple) -> _Prepared | bool:
-        """Work out (once) what `all_reduce_tensor`'s hot path needs for agreed layout `key`;
-        False when the layout cannot take it (several tensors, complex numbers)."""
-        if len(self._prepared) >= _MAX_PREPARED:
+    def _prepare(self, key: tuple) -> Prepared | bool:
+        """`prepare(key)`, kept for the next calls; False when the layout cannot take the hot
+        path (Note [Prepared layouts])."""
+        if len(self._prepared) >= MAX_PREPARED:
             self._prepared.clear()
-        op, dtype, shapes = key
-        prepared: _Prepared | bool = False
-        if len(shapes) == 1 and not dtype.is_complex and self._world is not None:
-            options = _allreduce_options(op, False)
-            prepared = _Prepared(agreed.plan(key, self.device), op, dtype, shapes[0], options)
-        self._prepared[key] = prepared
-        return prepared
+        prepared = prepare(key, self.device) if self._world is not None else None
+        self._prepared[key] = prepared or False
+        return prepared or False
 
     def _all_reduce_agreed(
         self, tensors: Sequence[torch.Tensor], key: tuple, timeout: float | None
@@ -544,7 +540,7 @@ class DistGroup:
         all-reduce]), with `_collective`'s bookkeeping."""
         self._collective(
             what,
-            lambda async_op: _start_all_reduce(flat, op, async_op=async_op, world=self._world),
+            lambda async_op: start_all_reduce(flat, op, async_op=async_op, world=self._world),
             timeout,
         )
 
@@ -556,7 +552,7 @@ class DistGroup:
         flat[-1] = agreed.flags(op)[1]
         self._collective(
             f"all_reduce:{op.value}",
-            lambda async_op: _start_all_reduce(flat, op, async_op=async_op, world=self._world),
+            lambda async_op: start_all_reduce(flat, op, async_op=async_op, world=self._world),
             timeout,
         )
 
@@ -676,7 +672,7 @@ class DistGroup:
             raise WorkerLostError(f"The process group is unusable ({self._broken}).")
         self._entered += 1
         try:
-            work = _start_all_reduce(flat, ReduceOp.SUM, async_op=True, world=self._world)
+            work = start_all_reduce(flat, ReduceOp.SUM, async_op=True, world=self._world)
         except RuntimeError as error:
             raise self._diagnose("gradient all_reduce", error) from error
         self._async_numbers[id(work)] = self._entered
@@ -721,65 +717,6 @@ class DistGroup:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self._owns_group = False
-
-
-_MAX_PREPARED = 1024  # layouts kept prepared (all forgotten past it, rebuilt on use)
-
-
-class _Prepared(NamedTuple):
-    """What `DistGroup.all_reduce_tensor`'s hot path compares and uses for one agreed layout."""
-
-    plan: agreed.Plan
-    op: ReduceOp
-    dtype: torch.dtype
-    shape: torch.Size
-    options: Any  # the process group's all-reduce options for `op`, synchronous
-
-
-# Note [Prepared layouts]: a user's small collective is timed call by call right after a
-# barrier, when every piece of code and data the path touches is cold (Note [Calls per
-# collective]). So `all_reduce_tensor` keeps, per agreed layout, everything it needs ready:
-# the plan, the op, the dtype (compared by identity: dtypes are singletons), the shape, the
-# process group's options; on a CPU group the tensor's device is checked with `is_cpu`, not by
-# building a `torch.device`; and the hot path calls the process group itself, as `_start_all_reduce`
-# would for a plain tensor of a real dtype (which the checks guarantee). Against the same path
-# reading `agreed.plan`'s cache and calling `_start_all_reduce`, 14-50 us less per 4 KiB call
-# (gloo, 2 vCPUs, 4 launches).
-
-
-# Note [Direct all-reduce]: `dist.all_reduce` is a Python wrapper (a logging decorator, the
-# torch-function check, group lookups, new options every call) around the process group's own
-# `allreduce`; on a one-process gloo group a 4 KiB all-reduce takes ~55 us called directly and
-# 70-80 us through the wrapper. Every all-reduce nbdist runs goes through `_start_all_reduce`
-# (except the hot path of a prepared layout, Note [Prepared layouts]),
-# which calls `ProcessGroup.allreduce` on the default group with options built once per op,
-# and waits as `dist.all_reduce` does. It takes this path only where the wrapper does nothing
-# else: a plain, non-complex tensor (the wrapper views complex tensors as real pairs and hands
-# tensor subclasses to their `__torch_function__`).
-@functools.lru_cache(maxsize=16)
-def _allreduce_options(op: ReduceOp, async_op: bool) -> dist.AllreduceOptions:
-    """The process group's all-reduce options for `op` (cached: read only)."""
-    options = dist.AllreduceOptions()
-    options.reduceOp = _DIST_OPS[op]
-    options.asyncOp = async_op
-    return options
-
-
-def _start_all_reduce(
-    flat: torch.Tensor, op: ReduceOp, *, async_op: bool, world: Any = None
-) -> Any:
-    """All-reduce `flat` in place, as `dist.all_reduce(flat, op, async_op=async_op)` does, on
-    the process group itself where the wrapper would do nothing more (Note [Direct all-reduce]).
-    `world`: the default process group when the caller holds it (else looked up).
-    Returns the work when `async_op` (None or a finished work otherwise)."""
-    if type(flat) is not torch.Tensor or flat.is_complex():
-        return dist.all_reduce(flat, _DIST_OPS[op], async_op=async_op)
-    if world is None:
-        world = dist.group.WORLD
-    work = world.allreduce([flat], _allreduce_options(op, async_op))
-    if not async_op and work is not None:
-        work.wait()
-    return work
 
 
 def _stop_heartbeat_at_exit(group_ref: weakref.ref) -> None:
