@@ -92,6 +92,10 @@ class DistGroup:
         self._entered = 0
         self._async_numbers: dict[int, int] = {}  # id(work) -> its collective number
         self._layouts = agreed.AgreedLayouts()  # Note [Agreed layouts]
+        # The default group, read once per group formed (`dist.group.WORLD` is a property over
+        # a lookup, two Python calls per collective: Note [Calls per collective]); None once
+        # released (`_release_world`).
+        self._world: Any = None
         # The hot path's constants per agreed layout (Note [Prepared layouts]).
         self._prepared: dict[tuple, Prepared | bool] = {}
         self._on_cpu = device.type == "cpu"
@@ -115,15 +119,13 @@ class DistGroup:
                     f"{dist.get_world_size()}, but this worker resolved rank {rank} of "
                     f"{world_size}. Destroy the existing group or fix the cluster settings."
                 )
+            self._world = dist.group.WORLD
         else:
             self._init_group()
-        # The default group, read once: `dist.group.WORLD` is a property over a lookup, two
-        # Python calls per collective (Note [Calls per collective]).
-        self._world = dist.group.WORLD
         self._liveness = self._start_liveness(
             connect_store(master_addr, master_port, rank, world_size, timeout, client=True)
         )
-        atexit.register(_stop_heartbeat_at_exit, weakref.ref(self))
+        atexit.register(_release_at_exit, weakref.ref(self))
 
     def _init_group(self) -> None:
         self._sockets.before()
@@ -136,6 +138,7 @@ class DistGroup:
         )
         self._sockets.after()
         self._owns_group = True
+        self._world = dist.group.WORLD
 
     def _start_liveness(self, store: Any) -> Liveness:
         liveness = Liveness(
@@ -207,6 +210,7 @@ class DistGroup:
                 "again. Restart the workers."
             )
         self._liveness.stop()
+        self._release_world()
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
@@ -713,20 +717,30 @@ class DistGroup:
         """Stop the heartbeat and leave the process group (if this object created it)."""
         self._stop.set()
         self._liveness.stop()
+        self._release_world()
         if self._owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self._owns_group = False
 
+    def _release_world(self) -> None:
+        """Let go of the default process group, so that `torch.distributed` alone decides when
+        it is destroyed (a later collective looks it up again, and fails as torch does)."""
+        self._world = None
+        self._prepared.clear()
 
-def _stop_heartbeat_at_exit(group_ref: weakref.ref) -> None:
-    """Stop a group's heartbeat thread before the interpreter finalizes: a daemon thread
-    caught inside a store call then (likeliest when a peer died) is unwound through C++ frames
-    that cannot unwind, and the process dies of SIGABRT ("terminate called without an active
-    exception") after the script had finished."""
+
+def _release_at_exit(group_ref: weakref.ref) -> None:
+    """Before the interpreter finalizes: stop a group's heartbeat thread, and drop the group's
+    reference to the default process group. Otherwise the process can die of SIGABRT
+    ("terminate called without an active exception") after the script had finished: a daemon
+    thread caught inside a store call is unwound through C++ frames that cannot unwind, and a
+    process group kept alive by this object is destroyed during finalization, after what its
+    threads need is gone."""
     group = group_ref()
     if group is not None:
         group._liveness.stop()
+        group._release_world()
 
 
 def raised_in_torch_distributed(error: BaseException) -> bool:

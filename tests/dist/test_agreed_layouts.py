@@ -96,7 +96,17 @@ for name, call in cases.items():
     warm(size=262144 if name == "large" else 3)
     out[name] = attempt(call)
     out[name + "_after"] = reduce("sum", torch.tensor([r])).tolist()
+# A group formed again (what a cluster restart does) reduces on the new process group, on the
+# checked path and then the hot path (it holds the default group: Note [Prepared layouts]).
+import torch.distributed as dist
+warm()
+old_world = dist.group.WORLD
+group.reform("agreed-reformed")
+out["reformed"] = [reduce("sum", torch.full((3,), r)).tolist() for _ in range(3)]
+out["reformed_large"] = float(reduce("sum", torch.full((262144,), r)).sum())
+out["reformed_world"] = [group._world is dist.group.WORLD, dist.group.WORLD is not old_world]
 strategy.shutdown()
+out["released_world"] = group._world is None
 report(out)
 """
 
@@ -120,6 +130,14 @@ def test_agreed_path_gives_the_same_values_as_the_checked_path(outputs):
         # views it as real pairs), one that requires grad, a per-call timeout
         assert first[7:] == [[[3.0] * 2] * 2, [[0.0, 3.0]] * 2, [3.0] * 3, [3.0] * 3]
         assert out["values"][1] == first and out["values"][2] == first
+
+
+def test_a_group_formed_again_reduces_on_its_new_process_group(outputs):
+    for out in outputs:
+        assert out["reformed"] == [[3.0] * 3] * 3
+        assert out["reformed_large"] == 3.0 * 262144
+        assert out["reformed_world"] == [True, True]
+        assert out["released_world"]  # shutdown lets torch.distributed alone own the group
 
 
 def test_repeated_all_reduces_cost_one_collective(outputs):
