@@ -117,16 +117,17 @@ class Strategy:
     # Note [Calls per collective]: a user's small collective, `strategy.run(step)` whose step
     # calls `get_replica_context().all_reduce(...)`, is timed call by call against raw
     # `dist.all_reduce(t.clone())` (benchmarks/bench_user_collective.py). What it costs over
-    # raw is Python, and right after a barrier (the caches cold, the other rank's threads on
-    # the same cores) each Python function on the path costs microseconds, not the ~0.1 us of a
-    # warm loop: the same work written as three functions (context, trailer copy, collective,
-    # trailer read, telemetry) ran at raw's latency while the layered path of 36 functions took
-    # ~65 us more at 4 KiB (gloo, 2 vCPUs). So the path keeps its frames few: `run` enters the
-    # one replica context of a strategy that runs its replica in the caller's thread
-    # (`_replica_in_this_thread`) together with the strategy, the context variables' own `get`
-    # answers `current_replica_context()`, ops are read from `RESOLVED_OPS`, the replica ids are
-    # computed once, the clock is read without a wrapper and the default process group is held
-    # by the group (20 functions; ~50 us over raw). Keep new work off this path or inline.
+    # raw is Python right after a barrier, when caches are cold (the other rank's threads share
+    # the 2 cores): the same work written inline in three functions (contexts, trailer copy,
+    # collective, trailer read, telemetry) ran at raw's latency, while the layered path took
+    # ~65 us more at 4 KiB (gloo, 2 vCPUs). Not the number of functions as such (18 extra
+    # trivial ones cost nothing measurable) but the distinct code and data each layer touches:
+    # checks that build objects, cache lookups, wrappers, tree walks. So the path does little:
+    # `run` enters the one replica context of a strategy that runs its replica in the caller's
+    # thread (`_replica_in_this_thread`) together with the strategy, the context variables'
+    # own `get` answers `current_replica_context()`, ops are read from `RESOLVED_OPS`, the
+    # replica ids are computed once, the clock is read without a wrapper, and the group keeps
+    # each agreed layout prepared (Note [Prepared layouts]). Keep new work off this path.
     def run(
         self,
         fn: Callable[..., Any],
