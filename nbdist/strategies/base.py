@@ -81,9 +81,12 @@ class Strategy:
     # -- scope ----------------------------------------------------------------------------
     # Whether `scope()` enters cross-replica context; only the default strategy's does not.
     changes_context = True
-    # The replica context `run` enters in the caller's thread, for a strategy that runs its one
-    # local replica there (None: `_call_for_each_replica` enters each replica's context).
-    _replica_in_this_thread: ReplicaContext | None = None
+    def _replica_in_this_thread(self) -> ReplicaContext | None:
+        """The replica context `run` enters in the caller's thread, for a strategy that runs
+        its one local replica there (None: `_call_for_each_replica` enters each replica's).
+        A new one per call: one kept on the strategy would make strategy and context a cycle
+        that only the garbage collector frees, at interpreter exit among the group's threads."""
+        return None
 
     @contextlib.contextmanager
     def scope(self, *, sync_gradients: bool = True) -> Iterator[Strategy]:
@@ -172,7 +175,7 @@ class Strategy:
         start = perf_counter()  # telemetry's clock (`nbdist.telemetry.now`), without a frame
         # Mixing was checked above. A strategy whose one local replica runs in this thread
         # enters that replica's context here too (Note [Calls per collective]).
-        tokens = context.set_strategy_context(self, self._replica_in_this_thread)
+        tokens = context.set_strategy_context(self, self._replica_in_this_thread())
         try:
             return self._call_for_each_replica(fn, tuple(args), kwargs)
         finally:

@@ -170,7 +170,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._parameter_devices = (device,)
         self._num_workers = topology.world_size
         self._worker_index = topology.rank
-        self._replica_in_this_thread = ReplicaContext(self, topology.rank, 0)
         self._topology = topology
         self._group: DistGroup | None = None
         if topology.world_size > 1:
@@ -256,8 +255,11 @@ class MultiWorkerMirroredStrategy(Strategy):
                     self._group.check("gradient layout", layout)
 
     # -- run ------------------------------------------------------------------------------
+    def _replica_in_this_thread(self) -> ReplicaContext:
+        return ReplicaContext(self, self._worker_index, 0)
+
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        # `run` has entered `_replica_in_this_thread`, this worker's one replica context.
+        # `run` has entered `_replica_in_this_thread()`, this worker's one replica context.
         buckets = self._buckets
         if buckets is not None:
             buckets.active = True
