@@ -94,6 +94,9 @@ def wait_for_registration(
                     f"{_ENGINE_EXIT_HINT[plan.launcher]}"
                 ) from None
             if waiting.done() or time.monotonic() >= deadline:
+                if len(client.ids) >= plan.n:  # the last one registered just now
+                    progress(f"{plan.n}/{plan.n} engines registered")
+                    return
                 break
     raise EngineTimeoutError(
         f"Only {len(client.ids)} of {plan.n} engines registered within "
