@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["MAX_ENGINES_PER_CORE", "build_parser", "main"]
+__all__ = ["MAX_ENGINES_PER_CORE", "build_parser", "close_abandoned_event_loops", "main"]
 
 MAX_ENGINES_PER_CORE = 4
 """More engines than this many per core is refused: each would get too little CPU to be useful."""
@@ -126,6 +126,7 @@ def _demo(args: argparse.Namespace) -> int:
         import logging
 
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        close_abandoned_event_loops()
         print("nbdist demo: interrupted; the engines were stopped", file=sys.stderr)
         return 130
     except (DemoError, NbdistError, OSError) as error:
@@ -133,3 +134,36 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"nbdist demo: error: {message}", file=sys.stderr)
         return 1
     return 0
+
+
+def close_abandoned_event_loops() -> int:
+    """Close the event loops nobody runs or closed any more; how many were closed.
+
+    Each synchronous ipyparallel call (`start_controller_sync`, ...) makes an event loop and
+    closes it when done. A Ctrl-C that lands while one is being made or closed leaves it open,
+    referenced by tornado's map of loops, so it is closed only by its finalizer at interpreter
+    exit, after its socket pair: Python then prints an "Exception ignored in
+    BaseEventLoop.__del__" traceback ("Invalid file descriptor: -1") under the demo's clean
+    "interrupted" line. Closing such loops before exit, while their sockets are open, is what
+    their finalizer would have done. Only for a process about to exit: it closes every loop
+    that is not running, whoever made it.
+
+    Example:
+        >>> import asyncio
+        >>> loop = asyncio.new_event_loop()
+        >>> close_abandoned_event_loops() >= 1 and loop.is_closed()
+        True
+    """
+    import asyncio
+    import contextlib
+    import gc
+
+    closed = 0
+    for thing in gc.get_objects():
+        if not isinstance(thing, asyncio.AbstractEventLoop):
+            continue
+        with contextlib.suppress(Exception):  # a half-made loop: left to its finalizer
+            if not thing.is_running() and not thing.is_closed():
+                thing.close()
+                closed += 1
+    return closed
