@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 __all__ = ["MAX_ENGINES_PER_CORE", "build_parser", "close_abandoned_event_loops", "main"]
@@ -136,7 +136,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def close_abandoned_event_loops() -> int:
+def close_abandoned_event_loops(candidates: Iterable[object] | None = None) -> int:
     """Close the event loops nobody runs or closed any more; how many were closed.
 
     Each synchronous ipyparallel call (`start_controller_sync`, ...) makes an event loop and
@@ -145,25 +145,28 @@ def close_abandoned_event_loops() -> int:
     exit, after its socket pair: Python then prints an "Exception ignored in
     BaseEventLoop.__del__" traceback ("Invalid file descriptor: -1") under the demo's clean
     "interrupted" line. Closing such loops before exit, while their sockets are open, is what
-    their finalizer would have done. Only for a process about to exit: it closes every loop
-    that is not running, whoever made it.
+    their finalizer would have done. Only for a process about to exit: by default it looks at
+    every object (`gc.get_objects()`) and closes every loop that is not running, whoever made
+    it; `candidates` limits it to those objects.
 
     Example:
         >>> import asyncio
         >>> loop = asyncio.new_event_loop()
-        >>> close_abandoned_event_loops() >= 1 and loop.is_closed()
-        True
+        >>> close_abandoned_event_loops([loop, "not a loop"]), loop.is_closed()
+        (1, True)
     """
     import asyncio
     import contextlib
     import gc
 
     closed = 0
-    for thing in gc.get_objects():
-        if not isinstance(thing, asyncio.AbstractEventLoop):
+    for thing in gc.get_objects() if candidates is None else candidates:
+        # type(), not isinstance(): that reads `__class__`, which raises for a dead weak proxy
+        # and warns for some deprecated objects
+        if not issubclass(type(thing), asyncio.AbstractEventLoop):
             continue
         with contextlib.suppress(Exception):  # a half-made loop: left to its finalizer
-            if not thing.is_running() and not thing.is_closed():
+            if not (thing.is_running() or thing.is_closed()):
                 thing.close()
                 closed += 1
     return closed
