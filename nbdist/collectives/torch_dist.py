@@ -750,13 +750,11 @@ def _release_at_exit(group_ref: weakref.ref) -> None:
     group = group_ref()
     if group is None:
         return
-    group._liveness.stop()
-    group._release_world()
-    quiet = not group._async_numbers and group._broken is None and group._aborted is None
-    if group._owns_group and quiet and dist.is_initialized():
-        with contextlib.suppress(Exception):  # exiting: nothing better to do with an error
-            dist.destroy_process_group()
-        group._owns_group = False
+    if not group._async_numbers and group._broken is None and group._aborted is None:
+        group.shutdown()  # what a script's own strategy.shutdown() would have done
+    else:
+        group._liveness.stop()
+        group._release_world()
 
 
 def raised_in_torch_distributed(error: BaseException) -> bool:
