@@ -11,13 +11,14 @@ so the collectives always match. A callback at the end of backward starts what i
 `optimizer.step()` and gradient clipping see averaged gradients.
 
 Note [CPU buckets]: DDP's small first bucket exists so that a GPU's communication stream starts
-while backward still computes. On the CPU (gloo) the all-reduce runs on the same cores as
-backward, so starting early buys nothing there, and a second, smaller collective costs its
-fixed latency: CPU parameters go into buckets of `bytes_per_pack` from the first one. Measured
-(MLP 784-512-512-10, 2.7 MB of gradients, 2 gloo workers on 2 cores, interleaved in the same
-processes, 3 launches): one bucket 7.2-7.3 ms a step, DDP 7.5-7.7 ms, a 1 MiB first bucket
-7.8-7.9 ms. A smaller `CommunicationOptions(bytes_per_pack=...)` still splits them, for machines
-with cores to spare for communication.
+while backward still computes. On the CPU (gloo) that early start bought nothing in any
+measurement, and a second collective costs its fixed latency: CPU parameters go into buckets of
+`bytes_per_pack` from the first one. A bucket closes once it holds its size or more, as DDP's.
+Measured (MLP 784-512-512-10, 2.7 MB of gradients, 2 gloo workers of one torch thread,
+interleaved in the same processes, per-step medians of 2-3 launches): on 2 cores, one bucket
+7.4-7.6 ms, a 1 MiB first bucket 7.6-8.1 ms, DDP 7.6-8.1 ms; on 16 cores (a GPU machine's
+CPUs), one bucket 5.8-6.3 ms, a 1 MiB first bucket 6.1-6.4 ms, DDP 5.0-5.5 ms (DDP's lead there
+is not its bucketing). A smaller `CommunicationOptions(bytes_per_pack=...)` still splits them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ class _Bucket:
     work: Any = None
 
 
+def first_bucket_bytes(device: torch.device, bytes_per_pack: int) -> int:
+    """The size at which the first bucket (the last layers' gradients) closes: 1 MiB on a GPU,
+    as DDP's, `bytes_per_pack` on the CPU (Note [CPU buckets]).
+
+    >>> first_bucket_bytes(torch.device("cuda", 0), 25 << 20) == 1 << 20
+    True
+    >>> first_bucket_bytes(torch.device("cpu"), 25 << 20) == 25 << 20
+    True
+    """
+    if device.type == "cpu":
+        return bytes_per_pack
+    return min(_FIRST_BUCKET_BYTES, bytes_per_pack)
+
+
 class GradientBuckets:
     """Average the gradients of a set of parameters across all ranks after each backward.
 
@@ -76,16 +91,18 @@ class GradientBuckets:
         fresh = [p for p in params if p.requires_grad and id(p) not in self._where]
         current: list[torch.nn.Parameter] = []
         size = 0
-        on_gpu = bool(fresh) and fresh[-1].device.type != "cpu"
-        limit = _FIRST_BUCKET_BYTES if on_gpu and not self.buckets else self.bytes_per_pack
+        limit = self.bytes_per_pack
+        if fresh and not self.buckets:
+            limit = first_bucket_bytes(fresh[-1].device, self.bytes_per_pack)
         for param in reversed(fresh):
-            nbytes = param.numel() * param.element_size()
-            if current and (size + nbytes > limit or param.dtype != current[0].dtype
-                            or param.device != current[0].device):  # fmt: skip
+            if current and (param.dtype != current[0].dtype or param.device != current[0].device):
                 self._make_bucket(current)
                 current, size, limit = [], 0, self.bytes_per_pack
             current.append(param)
-            size += nbytes
+            size += param.numel() * param.element_size()
+            if size >= limit:  # as DDP: a bucket closes once it holds `limit` bytes or more
+                self._make_bucket(current)
+                current, size, limit = [], 0, self.bytes_per_pack
         if current:
             self._make_bucket(current)
         self._groups += 1
