@@ -30,7 +30,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def launch(module: str, params: dict[str, Any], *, timeout: float) -> list[Any]:
-    """Run `module.worker(params)` in 2 torchrun-style workers; return each rank's result."""
+    """Run `module.worker(params)` in 2 torchrun-style workers; return each rank's result.
+
+    The workers see no GPU (`CUDA_VISIBLE_DEVICES=""`): these benchmarks measure 2 gloo
+    workers on the CPU, on a GPU machine too (two workers on one GPU would pick NCCL, which
+    refuses to share a GPU).
+    """
     from nbdist.testing import assert_all_ok, free_port, run_workers, torchrun_env
 
     code = f"""
@@ -41,8 +46,8 @@ def launch(module: str, params: dict[str, Any], *, timeout: float) -> list[Any]:
     """
     port = free_port()
     results = run_workers(
-        code, [torchrun_env(rank, 2, port) for rank in range(2)], timeout=timeout, cwd=HERE,
-        fail_fast=True,
+        code, [{**torchrun_env(rank, 2, port), "CUDA_VISIBLE_DEVICES": ""} for rank in range(2)],
+        timeout=timeout, cwd=HERE, fail_fast=True,
     )  # fmt: skip
     assert_all_ok(results)
     missing = [r.rank for r in results if not r.reported]

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Run nbdist's GPU checks on a machine with CUDA: the tests in tests/gpu (per-replica streams,
-# NcclAllReduce, one engine per GPU pinned, the NCCL process group, CUDA prefetch), then the
+# NcclAllReduce, one engine per GPU pinned, the NCCL process group and its checked collectives,
+# two workers sharing one GPU over gloo, NCCL refused on a shared GPU, CUDA prefetch), then the
 # collective and training benchmarks. Results: the pytest summary and the benchmarks' tables;
 # their JSON (benchmarks/results/) is copied to ${OUT:-gpu-check}/.
 #
 #   scripts/gpu-check.sh            # from the repository root, in the dev environment
+#   BENCH_ARGS=--quick scripts/gpu-check.sh   # one launch per benchmark (a short lease)
+#   BENCHES="bench_user_collective" scripts/gpu-check.sh   # some of the benchmarks
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 OUT=${OUT:-gpu-check}
+BENCH_ARGS=${BENCH_ARGS:-}
+BENCHES=${BENCHES:-bench_all_reduce bench_batch_reduce bench_user_collective \
+bench_multi_worker_allreduce bench_multi_worker_training}
 mkdir -p "$OUT"
 
 "$PYTHON" - <<'PY'
@@ -23,10 +29,10 @@ status=0
 "$PYTHON" -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_compiled_steps.py \
     2>&1 | tee "$OUT/tests.txt" || status=$?
 
-for bench in bench_all_reduce bench_batch_reduce bench_user_collective \
-             bench_multi_worker_allreduce bench_multi_worker_training; do
+for bench in $BENCHES; do
     echo "== benchmarks/$bench.py"
-    "$PYTHON" "benchmarks/$bench.py" 2>&1 | tee "$OUT/$bench.txt" || status=$?
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+    "$PYTHON" "benchmarks/$bench.py" $BENCH_ARGS 2>&1 | tee "$OUT/$bench.txt" || status=$?
 done
 cp -f benchmarks/results/*.json "$OUT/" 2>/dev/null || true
 exit "$status"

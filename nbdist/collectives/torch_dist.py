@@ -38,6 +38,8 @@ from nbdist.collectives.direct import (
     prepare,
     start_all_reduce,
 )
+from nbdist.collectives.gpu_sharing import UNKNOWN as UNKNOWN_GPU
+from nbdist.collectives.gpu_sharing import check_one_gpu_each, gpu_identity
 from nbdist.collectives.liveness import C10D_FILE, Liveness
 from nbdist.collectives.signatures import DIMS as _DIMS
 from nbdist.collectives.signatures import SIGNATURE_WIDTH as _SIGNATURE_WIDTH
@@ -129,12 +131,19 @@ class DistGroup:
 
     def _init_group(self) -> None:
         self._sockets.before()
+        on_gpu: dict[str, Any] = {}
+        if self.backend == "nccl":
+            # Bound to its GPU from the start: NCCL's communicator is made now, on this
+            # device, not guessed from the current device at the first collective.
+            torch.cuda.set_device(self.device)
+            on_gpu["device_id"] = self.device
         dist.init_process_group(
             self.backend,
             store=dist.PrefixStore(f"{self._prefix}/pg", self._store),
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=self.timeout),
+            **on_gpu,
         )
         self._sockets.after()
         self._owns_group = True
@@ -228,8 +237,18 @@ class DistGroup:
 
     # -- rendezvous and liveness ----------------------------------------------------------
     def _meet(self, timeout: float) -> None:
-        self._store.set(f"{self._prefix}/arrived/{self.rank}", "1")
-        keys = [f"{self._prefix}/arrived/{r}" for r in range(self.world_size)]
+        identity = gpu_identity(self.device) if self.backend == "nccl" else UNKNOWN_GPU
+        self._store.set(f"{self._prefix}/arrived/{self.rank}", identity)
+        keys = self._wait_for_every_rank("arrived", timeout)
+        if self.backend == "nccl":
+            identities = [self._store.get(key).decode() for key in keys]
+            # rank 0 holds the store: no rank leaves (on an error) before all have read
+            self._store.set(f"{self._prefix}/identified/{self.rank}", "1")
+            self._wait_for_every_rank("identified", timeout)
+            check_one_gpu_each(identities, self.rank)
+
+    def _wait_for_every_rank(self, stage: str, timeout: float) -> list[str]:
+        keys = [f"{self._prefix}/{stage}/{r}" for r in range(self.world_size)]
         deadline = time.monotonic() + timeout
         while not self._store.check(keys):
             if time.monotonic() > deadline:
@@ -240,6 +259,7 @@ class DistGroup:
                     "cluster settings, or raise CommunicationOptions(timeout_seconds=...)."
                 )
             self._stop.wait(0.01)
+        return keys
 
     def publish_failure(self, message: str) -> None:
         """Tell the other ranks this one failed (read when their collective fails)."""

@@ -107,9 +107,9 @@ def test_one_engine_per_gpu_each_pinned_to_its_own():
             lambda: (torch.cuda.device_count(), torch.cuda.get_device_name(0))
         )
         visible = cluster.strategy.run(lambda: __import__("os").environ["CUDA_VISIBLE_DEVICES"])
-    counts = [s[0] for s in cluster.strategy.experimental_local_results(seen)]
+        counts = [s[0] for s in cluster.strategy.experimental_local_results(seen)]
+        pinned = sorted(cluster.strategy.experimental_local_results(visible))
     assert counts == [1] * n
-    pinned = sorted(cluster.strategy.experimental_local_results(visible))
     assert pinned == [str(i) for i in range(n)]
 
 
