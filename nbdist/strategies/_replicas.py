@@ -5,7 +5,8 @@ Note [Replica views]: a parameter `P` created in `scope()` gets one component pe
 a view of `P` for each compute device). Inside `run`, a thread-local `TorchFunctionMode` swaps
 `P` for the replica's component in every torch call, so the user's one `model` computes with the
 replica's own tensors. After `backward()` the replicas' gradients are averaged in one batched
-reduction; `optimizer.step()` on a replica runs a shadow optimizer over that replica's
+reduction (CentralStorage's parameters get the average there too, while every replica waits in
+that exchange); `optimizer.step()` on a replica runs a shadow optimizer over that replica's
 components (CentralStorage: only replica 0 steps the real parameters, the others wait).
 """
 
@@ -228,6 +229,17 @@ class ReplicaParameters:
                         component.grad = value.to(component.device, copy=True)
                     else:
                         component.grad.copy_(value)
+                if self.central:
+                    self._publish_central_gradient(i)
+
+    def _publish_central_gradient(self, i: int) -> None:
+        """Give CentralStorage's parameter `i` the averaged gradient (replica 0's, aliased when
+        on the same device) while every replica waits in the gradient exchange: written later,
+        at `optimizer.step`, it changed under replicas still running (or compiling, and so
+        guarding on it: docs/compile.md) code that reads `.grad`."""
+        original, grad = self._originals[i], self._components[i][0].grad
+        if grad is not None and original.grad is not grad:
+            original.grad = grad if grad.device == original.device else grad.to(original.device)
 
     # -- optimizer ------------------------------------------------------------------------
     def owns_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:

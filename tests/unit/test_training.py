@@ -99,6 +99,26 @@ def test_gradients_are_averaged_right_after_backward():
     assert [g.item() for g in grads.values] == [2.0, 2.0]  # mean of 1 and 3
 
 
+def test_central_parameters_hold_the_averaged_gradient_once_backward_ends():
+    """CentralStorage writes the average to its parameters inside the gradient exchange, where
+    every replica waits (docs/compile.md: written at `optimizer.step`, it changed under replicas
+    still compiling code that read `.grad`). Gradients then also accumulate across runs."""
+    strategy = nd.CentralStorageStrategy(TWO)
+    with strategy.scope():
+        layer = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    data = nd.PerReplica([torch.tensor([[1.0]]), torch.tensor([[3.0]])])
+
+    def backward_only(x):
+        layer(x).sum().backward()
+
+    strategy.run(backward_only, args=(data,))
+    assert layer.weight.grad is not None and layer.weight.grad.item() == 2.0  # mean of 1 and 3
+    strategy.run(backward_only, args=(data,))
+    assert layer.weight.grad.item() == 4.0  # accumulated, as on one device
+
+
 def test_sync_gradients_false_leaves_gradients_local():
     strategy = nd.MirroredStrategy(TWO)
     with strategy.scope(sync_gradients=False):
