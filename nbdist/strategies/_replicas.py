@@ -233,13 +233,19 @@ class ReplicaParameters:
                     self._publish_central_gradient(i)
 
     def _publish_central_gradient(self, i: int) -> None:
-        """Give CentralStorage's parameter `i` the averaged gradient (replica 0's, aliased when
-        on the same device) while every replica waits in the gradient exchange: written later,
-        at `optimizer.step`, it changed under replicas still running (or compiling, and so
-        guarding on it: docs/compile.md) code that reads `.grad`."""
+        """Give CentralStorage's parameter `i` the averaged gradient while every replica waits
+        in the gradient exchange: written only at `optimizer.step`, its `.grad` went from None
+        to a tensor under replicas still running (or compiling, and so guarding on it:
+        docs/compile.md) code that reads it. On the compute device it is replica 0's gradient
+        itself; on another device a copy is made here only the first time (`before_step`
+        refreshes it at each step, so a backward costs no extra transfer)."""
         original, grad = self._originals[i], self._components[i][0].grad
-        if grad is not None and original.grad is not grad:
-            original.grad = grad if grad.device == original.device else grad.to(original.device)
+        if grad is None or original.grad is grad:
+            return
+        if grad.device == original.device:
+            original.grad = grad
+        elif original.grad is None:
+            original.grad = grad.to(original.device)
 
     # -- optimizer ------------------------------------------------------------------------
     def owns_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
