@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INTERRUPT_GRACE_S",
+    "OUTPUT_WAIT_S",
     "RELEASE_AFTER_S",
     "Supervisor",
     "call_engines",
@@ -62,6 +63,8 @@ __all__ = [
     "failure_of",
     "reply_of",
     "reply_ok",
+    "say_late_output",
+    "wait_for_outputs",
 ]
 
 INTERRUPT_GRACE_S = 3.0
@@ -69,6 +72,9 @@ INTERRUPT_GRACE_S = 3.0
 collectives are released within a heartbeat, so this is plenty)."""
 RELEASE_AFTER_S = 1.5
 """Seconds an engine may finish ahead of its peers before they are checked for waiting on it."""
+OUTPUT_WAIT_S = 10.0
+"""Seconds, in all, to wait for engines' printed output after their replies
+(Note [Output after the reply])."""
 _RECHECK_S = 1.0
 _RELEASE_TIMEOUT_S = 10.0
 
@@ -462,11 +468,53 @@ def _notes(fn: Any) -> Callable[[list[RemoteFailure]], list[str]]:
     return hints
 
 
+def wait_for_outputs(
+    parts: list[Any], engines: Sequence[EngineInfo], timeout_s: float = OUTPUT_WAIT_S
+) -> list[int]:
+    """Wait, `timeout_s` at most in all, until what every answered engine printed is here.
+
+    Returns the replicas whose output is still incomplete (their last lines may be missing).
+
+    Note [Output after the reply]: an engine's reply and what it printed travel separately
+    (the reply through the controller's scheduler, the output through its iopub relay), so the
+    reply often comes first. On a loaded machine the output can follow more than a second
+    later (seen on a 2-core CI machine running tests in parallel: a cell's printed lines were
+    lost when this waited 1 s per engine). The wait ends as soon as the output is complete, so
+    it costs nothing when output is on time; an engine that died or never answered is not
+    waited for (ipyparallel completes a dead engine's output itself).
+
+    Example:
+        >>> wait_for_outputs([], [])
+        []
+    """
+    deadline = time.monotonic() + timeout_s
+    late = []
+    for info, part in zip(engines, parts):
+        if not part.ready():
+            continue
+        try:
+            complete = part.wait_for_output(max(0.0, deadline - time.monotonic()))
+        except Exception:
+            complete = True
+        if not complete:
+            late.append(info.rank)
+    return late
+
+
+def say_late_output(late: list[int]) -> None:
+    """One line on stderr naming the replicas whose output did not arrive in time."""
+    if late:
+        print(
+            f"[nbdist] the output of replica(s) {late} was still arriving "
+            f"{OUTPUT_WAIT_S:g} s after their results; lines they printed last may be missing.",
+            file=sys.stderr,
+        )
+
+
 def _print_outputs(parts: list[Any], engines: Sequence[EngineInfo]) -> None:
     """Print what each engine printed, prefixed by its replica id."""
+    late = wait_for_outputs(parts, engines)
     for info, part in zip(engines, parts):
-        with contextlib.suppress(Exception):
-            part.wait_for_output(1.0)
         for stream, name in ((sys.stdout, "stdout"), (sys.stderr, "stderr")):
             try:
                 text = getattr(part, name)
@@ -476,3 +524,4 @@ def _print_outputs(parts: list[Any], engines: Sequence[EngineInfo]) -> None:
                 text = "".join(t or "" for t in text)
             for line in (text or "").splitlines():
                 print(f"[replica {info.rank}] {line}", file=stream)
+    say_late_output(late)

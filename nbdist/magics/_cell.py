@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from nbdist.cluster import _wire
-from nbdist.cluster.calls import Supervisor, checked_replies
+from nbdist.cluster.calls import Supervisor, checked_replies, say_late_output, wait_for_outputs
 from nbdist.cluster.errors import EngineTimeoutError, SerializationError
 from nbdist.values import PerReplica
 
@@ -286,8 +286,8 @@ def distribute_cell(
 
 
 def _finish_output(parts: list[Any], streams: _Streams) -> None:
-    for part in parts:
-        if part.ready():
-            with contextlib.suppress(Exception):
-                part.wait_for_output(1.0)
+    """Print the rest of what the engines printed, once it is here (Note [Output after the
+    reply] in `nbdist.cluster.calls`)."""
+    late = wait_for_outputs(parts, streams.engines)
     streams.poll(final=True)
+    say_late_output(late)
