@@ -96,7 +96,8 @@ def test_checkpoint_in_distribute_cells_resumes_on_three_engines(tmp_path, monke
     for name in ("setup_full", "full", "setup_first", "first", "setup_resumed", "resumed"):
         assert not _outputs_of(cells[name], "error"), (name, text[name])
     full, resumed = _params(text["full"], "FULL"), _params(text["resumed"], "RESUMED")
-    assert sorted(full) == [0, 1] and sorted(resumed) == [0, 1, 2]
+    assert sorted(full) == [0, 1], text["full"]
+    assert sorted(resumed) == [0, 1, 2], text["resumed"]
     for values in resumed.values():
         gap = max(abs(a - b) for a, b in zip(values, full[0]))
         assert gap < 1e-6, gap
