@@ -288,6 +288,9 @@ def distribute_cell(
 def _finish_output(parts: list[Any], streams: _Streams) -> None:
     """Print the rest of what the engines printed, once it is here (Note [Output after the
     reply] in `nbdist.cluster.calls`)."""
-    late = wait_for_outputs(parts, streams.engines)
+    if streams.mode == "none":
+        return
+    shown = 1 if streams.mode == "first" else len(parts)
+    late = wait_for_outputs(parts[:shown], streams.engines[:shown])
     streams.poll(final=True)
     say_late_output(late)
