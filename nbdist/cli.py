@@ -95,6 +95,7 @@ def _default_engines() -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from nbdist.app.engine_demo import DemoError, check_out_dir
+    from nbdist.app.interrupts import remembered_interrupts
     from nbdist.errors import NbdistError
 
     engines = args.engines or _default_engines()
@@ -110,16 +111,17 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         folder = check_out_dir(args.out)
         print(f"nbdist demo: writing into {folder.resolve()}", flush=True)
-        if args.in_process:
-            from nbdist import demo
+        with remembered_interrupts():  # a Ctrl-C swallowed in a finalizer still stops the demo
+            if args.in_process:
+                from nbdist import demo
 
-            devices = [f"cpu:{i}" for i in range(engines)]
-            demo.train(devices=devices, epochs=args.epochs, seed=args.seed,
-                       out=folder / "dashboard.png", progress=args.progress)  # fmt: skip
-        else:
-            from nbdist.app.engine_demo import run_demo
+                devices = [f"cpu:{i}" for i in range(engines)]
+                demo.train(devices=devices, epochs=args.epochs, seed=args.seed,
+                           out=folder / "dashboard.png", progress=args.progress)  # fmt: skip
+            else:
+                from nbdist.app.engine_demo import run_demo
 
-            run_demo(engines, args.epochs, folder, seed=args.seed, progress=args.progress)
+                run_demo(engines, args.epochs, folder, seed=args.seed, progress=args.progress)
     except KeyboardInterrupt:
         # A Ctrl-C during start also lands in ipyparallel's controller-start task; asyncio
         # would print that task's traceback at exit, after the engines are already stopped.

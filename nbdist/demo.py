@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, TextIO
 import torch
 
 import nbdist as nd
+from nbdist.app.interrupts import raise_if_interrupted
 from nbdist.devices import canonical_devices
 from nbdist.errors import NbdistError
 from nbdist.run_figure import plot_dashboard, summarize_telemetry, telemetry_line
@@ -336,6 +337,7 @@ def train(
             for epoch in range(1, epochs + 1):
                 total, count = 0.0, 0
                 for x, y in dataset:
+                    raise_if_interrupted()  # a Ctrl-C a finalizer swallowed still stops it
                     losses = dist.run(train_step, args=(x, y))
                     batch_sum = float(dist.reduce("sum", losses, axis=0))
                     batch_count = sum(len(c) for c in dist.experimental_local_results(y))

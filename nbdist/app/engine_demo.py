@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from nbdist.app import training
+from nbdist.app.interrupts import raise_if_interrupted
 from nbdist.errors import NbdistError
 
 __all__ = ["DemoError", "check_out_dir", "run_demo"]
@@ -88,6 +89,7 @@ def run_demo(
     timings: dict[str, float] = {}
     try:
         cluster.start()
+        raise_if_interrupted()
         timings["start"] = time.perf_counter() - begin
         say(f"{engines} engines joined one process group ({_backend(cluster)}) "
             f"in {timings['start']:.1f} s")  # fmt: skip
@@ -147,6 +149,7 @@ def _train(cluster, epochs, seed, progress, say, timings) -> dict[str, Any]:
         for epoch in range(1, epochs + 1):
             done, last = 0, None
             while done < steps:
+                raise_if_interrupted()  # a Ctrl-C a finalizer swallowed (app.interrupts)
                 k = 1 if "first_step" not in timings else min(_STEPS_PER_CALL, steps - done)
                 last = strategy.run_steps(training.train_and_report, "_nbdist_demo_it", steps=k)
                 timings.setdefault("first_step", time.perf_counter() - started)
@@ -166,6 +169,7 @@ def _train(cluster, epochs, seed, progress, say, timings) -> dict[str, Any]:
     finally:
         bar.close()
     timings["training"] = time.perf_counter() - started
+    raise_if_interrupted()
     checksums = [float(c) for c in
                  strategy.experimental_local_results(strategy.run(training.parameter_checksum))]
     identical = len(set(checksums)) == 1
