@@ -478,10 +478,11 @@ def wait_for_outputs(
     Note [Output after the reply]: an engine's reply and what it printed travel separately
     (the reply through the controller's scheduler, the output through its iopub relay), so the
     reply often comes first. On a loaded machine the output can follow more than a second
-    later (seen on a 2-core CI machine running tests in parallel: a cell's printed lines were
-    lost when this waited 1 s per engine). The wait ends as soon as the output is complete, so
-    it costs nothing when output is on time; an engine that died or never answered is not
-    waited for (ipyparallel completes a dead engine's output itself).
+    later (a cell's printed lines went missing on a 2-core CI machine running tests in
+    parallel, while this waited 1 s per engine and then printed what it had). The wait ends
+    as soon as the output is complete, so it costs nothing when output is on time; an engine
+    that died or never answered is not waited for (ipyparallel completes a dead engine's
+    output itself).
 
     Example:
         >>> wait_for_outputs([], [])
@@ -494,7 +495,7 @@ def wait_for_outputs(
             continue
         try:
             complete = part.wait_for_output(max(0.0, deadline - time.monotonic()))
-        except Exception:
+        except Exception:  # a result that cannot say: nothing more will come for it
             complete = True
         if not complete:
             late.append(info.rank)
