@@ -18,7 +18,20 @@ Gloo never sees buffers of different sizes (every rank sends the predicted size)
 reduced trailer tells every rank the same thing: all "ok", and the result is the all-reduce;
 any "changed", and every rank drops the prediction and runs the full check, which then names the
 mismatch on every rank. So the check stays exact; only its cost moves to the (rare) call whose
-layout differs from last time. Imports only torch and nbdist.reduce.
+layout differs from last time.
+
+Note [Small agreed all-reduces gather]: on gloo, a small agreed all-reduce is run as one
+all-gather of every rank's buffer (data and trailer), and each rank combines the rows itself,
+in rank order (so every rank gets the same bits). Gloo's ring all-reduce takes 2(n-1) message
+steps, its all-gather n-1, and a small collective's time is its steps. Every rank sees every
+trailer: all "ok", and the combined rows are the result; any "changed", and every rank runs
+the full check, as above. Whether a layout gathers depends only on the layout, the group's
+size and its backend, so every rank (the hot path, the other agreed path and a rank that
+declines) runs the same collective. Used while the gathered rows fit `GATHER_BYTES` (32 KiB:
+16 KiB a rank on 2 ranks). Measured at 4 KiB in-process A/B over `strategy.run` (gloo, 2
+workers on 2 vCPUs, 4 launches of 400 calls): 27-50 us less per call (median paired
+difference), nbdist/raw 1.11-1.18x against 1.21-1.29x; 1-16 KiB faster, 32 KiB and up slower.
+Imports only torch and nbdist.reduce.
 """
 
 from __future__ import annotations
@@ -32,10 +45,12 @@ import torch
 from nbdist.reduce import ReduceOp
 
 __all__ = [
+    "GATHER_BYTES",
     "AgreedLayouts",
     "Plan",
     "fill",
     "flags",
+    "gathers",
     "layout_key",
     "numel",
     "plan",
@@ -44,6 +59,23 @@ __all__ = [
 ]
 
 _MAX_REMEMBERED = 1024
+
+GATHER_BYTES = 32 * 1024
+"""The most bytes of gathered rows (all ranks together) a gathered agreed all-reduce moves
+(Note [Small agreed all-reduces gather])."""
+
+
+def gathers(plan: Plan, world_size: int, backend: str) -> bool:
+    """Whether the agreed all-reduce of `plan` runs as an all-gather (Note [Small agreed
+    all-reduces gather]): on gloo, while every rank's buffer together fits `GATHER_BYTES`.
+    The same answer on every rank of a group.
+
+    Example:
+        >>> p = plan(layout_key(ReduceOp.SUM, [torch.zeros(1024)]), torch.device("cpu"))
+        >>> gathers(p, 2, "gloo"), gathers(p, 16, "gloo"), gathers(p, 2, "nccl")
+        (True, False, False)
+    """
+    return backend == "gloo" and (plan.numel + 1) * plan.itemsize * world_size <= GATHER_BYTES
 
 
 def layout_key(op: ReduceOp, tensors: Sequence[torch.Tensor]) -> tuple | None:
@@ -163,6 +195,8 @@ class Plan(NamedTuple):
     """The one tensor's shape when the layout has one tensor that is not 1-d, else None."""
     what: str
     """The collective's name in telemetry and errors (`"all_reduce:SUM"`)."""
+    itemsize: int
+    """Bytes per element of the layout's dtype."""
 
 
 @functools.lru_cache(maxsize=_MAX_REMEMBERED)
@@ -180,7 +214,7 @@ def plan(key: tuple, device: torch.device) -> Plan:
     single = shapes[0] if len(shapes) == 1 and len(shapes[0]) != 1 else None
     itemsize = torch.empty((), dtype=dtype).element_size()
     what = f"all_reduce:{op.value}"
-    return Plan(n, ok, trailer(dtype, ok, device), n * itemsize, single, what)
+    return Plan(n, ok, trailer(dtype, ok, device), n * itemsize, single, what, itemsize)
 
 
 def fill(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:

@@ -42,6 +42,7 @@ class Prepared(NamedTuple):
     dtype: torch.dtype
     shape: torch.Size
     options: Any  # the process group's all-reduce options for `op`, synchronous
+    gathered: bool  # run as an all-gather (Note [Small agreed all-reduces gather])
 
 
 # Note [Prepared layouts]: a user's small collective is timed call by call right after a
@@ -55,19 +56,24 @@ class Prepared(NamedTuple):
 # (gloo, 2 vCPUs, 4 launches).
 
 
-def prepare(key: tuple, device: torch.device) -> Prepared | None:
-    """The hot path's constants for agreed layout `key` on `device`; None when the layout
-    cannot take the hot path (several tensors, complex numbers).
+def prepare(
+    key: tuple, device: torch.device, world_size: int = 1, backend: str = "gloo"
+) -> Prepared | None:
+    """The hot path's constants for agreed layout `key` on `device`, in a group of
+    `world_size` ranks on `backend`; None when the layout cannot take the hot path (several
+    tensors, complex numbers).
 
     Example:
         >>> p = prepare(agreed.layout_key(ReduceOp.SUM, [torch.zeros(3)]), torch.device("cpu"))
-        >>> p.shape, p.dtype
-        (torch.Size([3]), torch.float32)
+        >>> p.shape, p.dtype, p.gathered
+        (torch.Size([3]), torch.float32, True)
     """
     op, dtype, shapes = key
     if len(shapes) != 1 or dtype.is_complex:
         return None
-    return Prepared(agreed.plan(key, device), op, dtype, shapes[0], allreduce_options(op, False))
+    plan = agreed.plan(key, device)
+    gathered = agreed.gathers(plan, world_size, backend)
+    return Prepared(plan, op, dtype, shapes[0], allreduce_options(op, False), gathered)
 
 
 # Note [Direct all-reduce]: `dist.all_reduce` is a Python wrapper (a logging decorator, the

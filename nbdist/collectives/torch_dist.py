@@ -477,6 +477,12 @@ class DistGroup:
         plan = prepared.plan
         source = tensor.detach() if tensor.requires_grad else tensor
         flat = torch.cat((source if source.dim() == 1 else source.reshape(-1), plan.trailer))
+        if prepared.gathered:  # Note [Small agreed all-reduces gather]
+            gathered = self._gathered_hot(flat, prepared, start)
+            if gathered is None:  # every rank saw "changed": each runs the full check
+                return self.all_reduce([tensor], op, timeout=timeout, prediction=None)[0]
+            layouts.agreed(predicted)
+            return gathered
         what = plan.what
         self._entered += 1
         telemetry, number = self.telemetry, self._entered
@@ -504,12 +510,74 @@ class DistGroup:
                              (duration,))  # fmt: skip
         return data if plan.shape is None else data.view(plan.shape)
 
+    def _gathered_hot(
+        self, flat: torch.Tensor, prepared: Prepared, start: float
+    ) -> torch.Tensor | None:
+        """`all_reduce_tensor`'s hot path for a layout that gathers: one all-gather of every
+        rank's `flat` (data, then the trailer), combined here in rank order; None when any
+        rank's trailer says "changed" (Note [Small agreed all-reduces gather]). The views
+        of the rows are made before the wait: the first torch op after a collective's wait
+        is the expensive one on a small machine (cold code and data)."""
+        plan = prepared.plan
+        n, width, world = plan.numel, plan.numel + 1, self.world_size
+        rows = torch.empty(world * width, dtype=flat.dtype, device=flat.device)
+        parts = [rows[r * width : r * width + n] for r in range(world)]
+        trailers = rows[n::width]
+        what = plan.what
+        self._entered += 1
+        telemetry, number = self.telemetry, self._entered
+        if telemetry is not None:  # in progress, for the dashboard's stuck view
+            telemetry.begin(number, what, self._ranks, [start])
+        try:
+            self._world.all_gather_single(rows, flat).wait()
+        except RuntimeError as error:
+            raise self._diagnose(what, error) from error
+        finally:
+            if telemetry is not None:
+                telemetry.end(number)
+        if trailers.tolist().count(plan.ok) != world:
+            return None
+        result = prepared.op.combine(parts)
+        if telemetry is not None and telemetry.enabled:
+            duration = time.perf_counter() - start
+            telemetry.record(what, plan.nbytes, self.backend, self._ranks, start, duration,
+                             (duration,))  # fmt: skip
+        return result if plan.shape is None else result.view(plan.shape)
+
+    def _exchange_agreed(
+        self, plan: agreed.Plan, flat: torch.Tensor, op: ReduceOp, timeout: float | None
+    ) -> torch.Tensor | None:
+        """Every rank's `flat` (layout `plan`'s data, then the trailer) combined by `op`:
+        `plan.numel` elements, or None when any rank's trailer says "changed" (Note [Agreed
+        layouts]). An all-gather where the layout gathers (Note [Small agreed all-reduces
+        gather]), else an all-reduce in place; the same collective on every rank."""
+        n = plan.numel
+        if agreed.gathers(plan, self.world_size, self.backend):
+            width = n + 1
+            rows = torch.empty(self.world_size * width, dtype=flat.dtype, device=flat.device)
+            self._collective(
+                plan.what, lambda async_op: _all_gather_flat(rows, flat, async_op=async_op), timeout
+            )
+            table = rows.view(self.world_size, width)
+            if table[:, n].tolist().count(plan.ok) != self.world_size:
+                return None
+            return op.combine(list(table[:, :n].unbind(0)))
+        self._all_reduce_direct(plan.what, flat, op, timeout)
+        if flat[n].item() != plan.ok:
+            return None
+        data = flat[:n]
+        return _mean(data, self.world_size) if op is ReduceOp.MEAN else data
+
     def _prepare(self, key: tuple) -> Prepared | bool:
         """`prepare(key)`, kept for the next calls; False when the layout cannot take the hot
         path (Note [Prepared layouts])."""
         if len(self._prepared) >= MAX_PREPARED:
             self._prepared.clear()
-        prepared = prepare(key, self.device) if self._world is not None else None
+        prepared = (
+            prepare(key, self.device, self.world_size, self.backend)
+            if self._world is not None
+            else None
+        )
         self._prepared[key] = prepared or False
         return prepared or False
 
@@ -540,12 +608,9 @@ class DistGroup:
             flat = torch.empty(n + 1, dtype=key[1], device=self.device)
             agreed.fill(flat, tensors)
             flat[n] = plan.ok
-        self._all_reduce_direct(plan.what, flat, op, timeout)
-        if flat[n].item() != plan.ok:
+        data = self._exchange_agreed(plan, flat, op, timeout)
+        if data is None:
             return None  # every rank saw "changed": each now runs the full check
-        data = flat[:n]
-        if op is ReduceOp.MEAN:
-            data = _mean(data, self.world_size)
         if single:
             results = [data if plan.shape is None else data.view(plan.shape)]
         elif len(tensors) == 1:
@@ -574,11 +639,7 @@ class DistGroup:
         op, dtype, _ = predicted
         flat = torch.zeros(agreed.numel(predicted) + 1, dtype=dtype, device=self.device)
         flat[-1] = agreed.flags(op)[1]
-        self._collective(
-            f"all_reduce:{op.value}",
-            lambda async_op: start_all_reduce(flat, op, async_op=async_op, world=self._world),
-            timeout,
-        )
+        self._exchange_agreed(agreed.plan(predicted, self.device), flat, op, timeout)
 
     def _all_reduce_inline(
         self, tensors: Sequence[torch.Tensor], op: ReduceOp, timeout: float | None
