@@ -522,7 +522,8 @@ class DistGroup:
         n, width, world = plan.numel, plan.numel + 1, self.world_size
         rows = torch.empty(world * width, dtype=flat.dtype, device=flat.device)
         parts = [rows[r * width : r * width + n] for r in range(world)]
-        trailers = rows[n::width]
+        # Read without torch after the wait where it can be (Note [Trailers after the wait]).
+        trailers = memoryview(rows.numpy())[n::width] if prepared.readable else rows[n::width]
         what = plan.what
         self._entered += 1
         telemetry, number = self.telemetry, self._entered

@@ -70,6 +70,13 @@ for _ in range(3):
         reduce("sum", torch.full((3,), r, requires_grad=True)).tolist(),
         strategy.run(lambda: ctx().all_reduce("sum", torch.full((3,), r),
                                               options=Options(timeout_seconds=5))).tolist(),
+        # trailers read through a memoryview (uint8, int32, float64) or with .tolist()
+        # (float16, bfloat16): Note [Trailers after the wait]
+        reduce("max", torch.full((2,), rank + 1, dtype=torch.uint8)).tolist(),
+        reduce("min", torch.full((2,), rank + 1, dtype=torch.int32)).tolist(),
+        reduce("mean", torch.full((2,), r, dtype=torch.float64)).tolist(),
+        reduce("sum", torch.full((2,), r, dtype=torch.float16)).tolist(),
+        reduce("max", torch.full((2, 1), r, dtype=torch.bfloat16)).tolist(),
     ])
 # Steady state: one collective per call, small or large, for a repeating pattern A, B, A, B.
 warm()
@@ -128,7 +135,8 @@ def test_agreed_path_gives_the_same_values_as_the_checked_path(outputs):
         assert first[6] == [[3.0, 3.0], [6.0]]
         # the hot path's edges: a 2-d tensor, a complex one (torch.distributed's own wrapper
         # views it as real pairs), one that requires grad, a per-call timeout
-        assert first[7:] == [[[3.0] * 2] * 2, [[0.0, 3.0]] * 2, [3.0] * 3, [3.0] * 3]
+        assert first[7:11] == [[[3.0] * 2] * 2, [[0.0, 3.0]] * 2, [3.0] * 3, [3.0] * 3]
+        assert first[11:] == [[2, 2], [1, 1], [1.5, 1.5], [3.0, 3.0], [[2.0], [2.0]]]
         assert out["values"][1] == first and out["values"][2] == first
 
 
