@@ -449,8 +449,9 @@ class DistGroup:
         When the call has the layout every rank predicts (Note [Agreed layouts]) and nothing
         unusual (the group's device, a plain tensor, the group's timeout, no compression), the
         whole collective runs here in one frame: one copy with the trailer, the process group's
-        own all-reduce (Note [Direct all-reduce]), the trailer's read, telemetry. Anything else
-        takes `all_reduce`, which handles every case.
+        own all-reduce (Note [Direct all-reduce]) or, for a small layout on gloo, its all-gather
+        and the rows combined in rank order (Note [Small agreed all-reduces gather]), the
+        trailer's read, telemetry. Anything else takes `all_reduce`, which handles every case.
 
         Example (on every rank): `group.all_reduce_tensor(torch.ones(3), ReduceOp.SUM)`.
         """
@@ -477,73 +478,48 @@ class DistGroup:
         plan = prepared.plan
         source = tensor.detach() if tensor.requires_grad else tensor
         flat = torch.cat((source if source.dim() == 1 else source.reshape(-1), plan.trailer))
-        if prepared.gathered:  # Note [Small agreed all-reduces gather]
-            gathered = self._gathered_hot(flat, prepared, start)
-            if gathered is None:  # every rank saw "changed": each runs the full check
-                return self.all_reduce([tensor], op, timeout=timeout, prediction=None)[0]
-            layouts.agreed(predicted)
-            return gathered
+        n, gathered = plan.numel, prepared.gathered
+        if gathered:  # Note [Small agreed all-reduces gather]
+            width, world = n + 1, self.world_size
+            rows = torch.empty(world * width, dtype=flat.dtype, device=flat.device)
+            parts = [rows[r * width : r * width + n] for r in range(world)]
+            # Read without torch after the wait where it can be (Note [Trailers after the wait]).
+            trailers = memoryview(rows.numpy())[n::width] if prepared.readable else rows[n::width]
         what = plan.what
         self._entered += 1
         telemetry, number = self.telemetry, self._entered
         if telemetry is not None:  # in progress, for the dashboard's stuck view
             telemetry.begin(number, what, self._ranks, [start])
         try:
-            # `start_all_reduce`'s direct call, its conditions checked above (Note [Prepared
-            # layouts]): a plain tensor of the layout's real dtype.
-            self._world.allreduce([flat], prepared.options).wait()
+            # The process group's own collectives, their conditions checked above (Note
+            # [Prepared layouts]): a plain tensor of the layout's real dtype.
+            if gathered:
+                self._world.all_gather_single(rows, flat).wait()
+            else:
+                self._world.allreduce([flat], prepared.options).wait()
         except RuntimeError as error:
             raise self._diagnose(what, error) from error
         finally:
             if telemetry is not None:
                 telemetry.end(number)
-        n = plan.numel
-        if flat[n].item() != plan.ok:  # every rank saw "changed": each runs the full check
+        if gathered:
+            changed = trailers.tolist().count(plan.ok) != world
+        else:
+            changed = flat[n].item() != plan.ok
+        if changed:  # every rank saw "changed": each runs the full check
             return self.all_reduce([tensor], op, timeout=timeout, prediction=None)[0]
-        data = flat[:n]
-        if op is ReduceOp.MEAN:
-            data = _mean(data, self.world_size)
+        if gathered:
+            data = op.combine(parts)  # in rank order: the same bits on every rank
+        else:
+            data = flat[:n]
+            if op is ReduceOp.MEAN:
+                data = _mean(data, self.world_size)
         layouts.agreed(predicted)
         if telemetry is not None and telemetry.enabled:
             duration = time.perf_counter() - start
             telemetry.record(what, plan.nbytes, self.backend, self._ranks, start, duration,
                              (duration,))  # fmt: skip
         return data if plan.shape is None else data.view(plan.shape)
-
-    def _gathered_hot(
-        self, flat: torch.Tensor, prepared: Prepared, start: float
-    ) -> torch.Tensor | None:
-        """`all_reduce_tensor`'s hot path for a layout that gathers: one all-gather of every
-        rank's `flat` (data, then the trailer), combined here in rank order; None when any
-        rank's trailer says "changed" (Note [Small agreed all-reduces gather]). The views
-        of the rows are made before the wait: the first torch op after a collective's wait
-        is the expensive one on a small machine (cold code and data)."""
-        plan = prepared.plan
-        n, width, world = plan.numel, plan.numel + 1, self.world_size
-        rows = torch.empty(world * width, dtype=flat.dtype, device=flat.device)
-        parts = [rows[r * width : r * width + n] for r in range(world)]
-        # Read without torch after the wait where it can be (Note [Trailers after the wait]).
-        trailers = memoryview(rows.numpy())[n::width] if prepared.readable else rows[n::width]
-        what = plan.what
-        self._entered += 1
-        telemetry, number = self.telemetry, self._entered
-        if telemetry is not None:  # in progress, for the dashboard's stuck view
-            telemetry.begin(number, what, self._ranks, [start])
-        try:
-            self._world.all_gather_single(rows, flat).wait()
-        except RuntimeError as error:
-            raise self._diagnose(what, error) from error
-        finally:
-            if telemetry is not None:
-                telemetry.end(number)
-        if trailers.tolist().count(plan.ok) != world:
-            return None
-        result = prepared.op.combine(parts)
-        if telemetry is not None and telemetry.enabled:
-            duration = time.perf_counter() - start
-            telemetry.record(what, plan.nbytes, self.backend, self._ranks, start, duration,
-                             (duration,))  # fmt: skip
-        return result if plan.shape is None else result.view(plan.shape)
 
     def _exchange_agreed(
         self, plan: agreed.Plan, flat: torch.Tensor, op: ReduceOp, timeout: float | None
