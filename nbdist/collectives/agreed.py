@@ -28,9 +28,12 @@ trailer: all "ok", and the combined rows are the result; any "changed", and ever
 the full check, as above. Whether a layout gathers depends only on the layout, the group's
 size and its backend, so every rank (the hot path, the other agreed path and a rank that
 declines) runs the same collective. Used while the gathered rows fit `GATHER_BYTES` (32 KiB:
-16 KiB a rank on 2 ranks). Measured at 4 KiB in-process A/B over `strategy.run` (gloo, 2
-workers on 2 vCPUs, 4 launches of 400 calls): 27-50 us less per call (median paired
-difference), nbdist/raw 1.11-1.18x against 1.21-1.29x; 1-16 KiB faster, 32 KiB and up slower.
+16 KiB a rank on 2 ranks; at 32 KiB a rank and up the all-reduce was faster). Measured
+(gloo, 2 workers on 2 vCPUs, `benchmarks/bench_user_collective.py`, old and new code run
+alternately, 3 launches each): at 4 KiB, many per `strategy.run`, nbdist/raw 0.98-1.15x
+against 1.09-1.30x before; one call after a barrier unchanged within the machine's spread
+(1.29-1.36x both), where the cold code of the layers above costs more than the saved step.
+A bare process-group all-gather of 4 KiB took 311-355 us against the all-reduce's 355-390 us.
 Imports only torch and nbdist.reduce.
 """
 
