@@ -6,6 +6,7 @@ nbdist.reduce and nbdist.collectives.agreed only.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, NamedTuple
 
 import torch
@@ -16,7 +17,9 @@ from nbdist.reduce import ReduceOp
 
 __all__ = [
     "DIST_OPS",
+    "MAX_BUFFER_BYTES",
     "MAX_PREPARED",
+    "GatherBuffers",
     "Prepared",
     "allreduce_options",
     "prepare",
@@ -32,6 +35,66 @@ DIST_OPS = {
 }
 
 MAX_PREPARED = 1024  # layouts kept prepared (all forgotten past it, rebuilt on use)
+MAX_BUFFER_BYTES = 4 * 1024 * 1024  # gather buffers kept, all layouts together (same rule)
+
+
+# Note [Gather buffers]: a gathered hot path (Note [Small agreed all-reduces gather]) needs a
+# send buffer (the data, then the trailer), the rows every rank's buffer lands in, each rank's
+# data within them and the trailers' memoryview. Made per call, they cost four torch ops
+# before the collective (`torch.cat`, `torch.empty`, two slices, `.numpy()`), each 10-15 us
+# when the code is cold, as it is on a call timed after a barrier. So each gathered layout
+# keeps them, made once: a call copies its tensor into the send buffer (one op, the trailer
+# stays in place) and combines the rows into a new tensor after the wait (the result never
+# shares the buffers). Stamps in a call after a barrier (gloo, 2 workers on 2 vCPUs, 4 KiB):
+# from `all_reduce_tensor`'s entry to the launch 65-69 us before, 20-22 us after. Safe because
+# (1) one call at a time uses them: `free` is taken without blocking, and a call that finds it
+# taken (another thread inside) makes its own; (2) a collective that fails drops its layout's
+# buffers (gloo could still write them), as does a group that is released or formed again;
+# (3) they are made outside inference mode, so a first call inside `torch.inference_mode()`
+# does not leave buffers a later call outside it may not write; (4) all layouts' buffers
+# together stay under `MAX_BUFFER_BYTES` (past it every prepared layout is forgotten); (5)
+# only on the CPU: on a GPU (gloo with CUDA tensors) a call on another stream could write the
+# buffers while the last call's combine still reads them, so a gathered layout there takes
+# `all_reduce`'s agreed path, which makes its own (the same collective on every rank).
+class GatherBuffers:
+    """The tensors one gathered layout's hot path reuses (Note [Gather buffers]).
+
+    Example:
+        >>> p = agreed.plan(agreed.layout_key(ReduceOp.SUM, [torch.zeros(2, 2)]),
+        ...                 torch.device("cpu"))
+        >>> b = GatherBuffers(p, torch.Size([2, 2]), 2, torch.device("cpu"), readable=True)
+        >>> b.data.shape, b.rows.numel(), b.parts[1].shape, len(b.trailers)
+        (torch.Size([2, 2]), 10, torch.Size([2, 2]), 2)
+    """
+
+    __slots__ = ("data", "free", "nbytes", "parts", "rows", "send", "trailers")
+
+    def __init__(
+        self,
+        plan: agreed.Plan,
+        shape: torch.Size,
+        world_size: int,
+        device: torch.device,
+        *,
+        readable: bool,
+    ):
+        n = plan.numel
+        width = n + 1
+        with torch.inference_mode(False):
+            self.send = torch.cat((torch.empty(n, dtype=plan.trailer.dtype, device=device),
+                                   plan.trailer))  # fmt: skip
+            self.rows = torch.empty(world_size * width, dtype=self.send.dtype, device=device)
+        self.data = self.send[:n].view(shape)
+        """Where a call copies its tensor (the layout's shape)."""
+        self.parts = [self.rows[r * width : r * width + n].view(shape) for r in range(world_size)]
+        """Each rank's data within `rows`, in rank order (the layout's shape)."""
+        self.trailers: Any = (
+            memoryview(self.rows.numpy())[n::width] if readable else self.rows[n::width]
+        )
+        """Every rank's trailer (Note [Trailers after the wait])."""
+        self.free = threading.Lock()
+        """Held by the call using the buffers."""
+        self.nbytes = (world_size + 1) * width * plan.itemsize
 
 
 class Prepared(NamedTuple):
@@ -42,8 +105,7 @@ class Prepared(NamedTuple):
     dtype: torch.dtype
     shape: torch.Size
     options: Any  # the process group's all-reduce options for `op`, synchronous
-    gathered: bool  # run as an all-gather (Note [Small agreed all-reduces gather])
-    readable: bool  # its trailers are read through a memoryview (Note [Trailers after the wait])
+    buffers: GatherBuffers | None  # where it runs as an all-gather (Note [Gather buffers])
 
 
 # Note [Prepared layouts]: a user's small collective is timed call by call right after a
@@ -62,31 +124,35 @@ def prepare(
 ) -> Prepared | None:
     """The hot path's constants for agreed layout `key` on `device`, in a group of
     `world_size` ranks on `backend`; None when the layout cannot take the hot path (several
-    tensors, complex numbers).
+    tensors, complex numbers, an all-gather off the CPU: Note [Gather buffers]).
 
     Example:
         >>> p = prepare(agreed.layout_key(ReduceOp.SUM, [torch.zeros(3)]), torch.device("cpu"))
-        >>> p.shape, p.dtype, p.gathered, p.readable
-        (torch.Size([3]), torch.float32, True, True)
+        >>> p.shape, p.dtype, p.buffers.rows.numel()
+        (torch.Size([3]), torch.float32, 4)
     """
     op, dtype, shapes = key
     if len(shapes) != 1 or dtype.is_complex:
         return None
     plan = agreed.plan(key, device)
-    gathered = agreed.gathers(plan, world_size, backend)
-    readable = device.type == "cpu" and dtype in _MEMORYVIEW_DTYPES
-    options = allreduce_options(op, False)
-    return Prepared(plan, op, dtype, shapes[0], options, gathered, readable)
+    buffers = None
+    if agreed.gathers(plan, world_size, backend):
+        if device.type != "cpu":
+            return None
+        readable = dtype in _MEMORYVIEW_DTYPES
+        buffers = GatherBuffers(plan, shapes[0], world_size, device, readable=readable)
+    return Prepared(plan, op, dtype, shapes[0], allreduce_options(op, False), buffers)
 
 
 # Note [Trailers after the wait]: the first torch op after a collective's wait costs 10-15 us
 # on a small machine (the main thread wakes with torch's dispatch code and data cold) against
-# ~1 us warm, and raw `dist.all_reduce(t.clone())` runs none. So the gathered hot path makes
-# a memoryview of the rows' trailers before the collective and reads them after it in pure
-# Python: in-process A/B at 4 KiB over `strategy.run` (gloo, 2 workers on 2 vCPUs, 5
-# launches of 400 calls), 8-27 us less per call (median paired difference; such an A/B
-# flatters both sides alike, the two variants keeping each other's code warm). A memoryview
-# indexes only these dtypes (not float16, bfloat16 or bool): others read with `.tolist()`.
+# ~1 us warm, and raw `dist.all_reduce(t.clone())` runs none. So the gathered hot path keeps
+# a memoryview of the rows' trailers (made with its buffers, Note [Gather buffers]) and reads
+# them after the collective in pure Python: in-process A/B at 4 KiB over `strategy.run`
+# (gloo, 2 workers on 2 vCPUs, 5 launches of 400 calls), 8-27 us less per call (median
+# paired difference; such an A/B flatters both sides alike, the two variants keeping each
+# other's code warm). A memoryview indexes only these dtypes (not float16, bfloat16 or
+# bool): others read with `.tolist()`.
 _MEMORYVIEW_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
 )

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from nbdist.collectives import agreed
 from nbdist.collectives.abort import ABORT_KEY, GroupSockets, decode_abort, encode_abort
 from nbdist.collectives.direct import (
+    MAX_BUFFER_BYTES,
     MAX_PREPARED,
     Prepared,
     prepare,
@@ -100,6 +101,7 @@ class DistGroup:
         self._world: Any = None
         # The hot path's constants per agreed layout (Note [Prepared layouts]).
         self._prepared: dict[tuple, Prepared | bool] = {}
+        self._buffer_bytes = 0  # of the prepared layouts' gather buffers (Note [Gather buffers])
         self._on_cpu = device.type == "cpu"
         self._broken: str | None = None
         self._aborted: tuple[str, tuple[int, ...], bool] | None = None
@@ -450,8 +452,9 @@ class DistGroup:
         unusual (the group's device, a plain tensor, the group's timeout, no compression), the
         whole collective runs here in one frame: one copy with the trailer, the process group's
         own all-reduce (Note [Direct all-reduce]) or, for a small layout on gloo, its all-gather
-        and the rows combined in rank order (Note [Small agreed all-reduces gather]), the
-        trailer's read, telemetry. Anything else takes `all_reduce`, which handles every case.
+        into the layout's kept buffers (Note [Gather buffers]) and the rows combined in rank
+        order (Note [Small agreed all-reduces gather]), the trailer's read, telemetry. Anything
+        else takes `all_reduce`, which handles every case.
 
         Example (on every rank): `group.all_reduce_tensor(torch.ones(3), ReduceOp.SUM)`.
         """
@@ -477,14 +480,14 @@ class DistGroup:
         start = time.perf_counter()
         plan = prepared.plan
         source = tensor.detach() if tensor.requires_grad else tensor
-        flat = torch.cat((source if source.dim() == 1 else source.reshape(-1), plan.trailer))
-        n, gathered = plan.numel, prepared.gathered
-        if gathered:  # Note [Small agreed all-reduces gather]
-            width, world = n + 1, self.world_size
-            rows = torch.empty(world * width, dtype=flat.dtype, device=flat.device)
-            parts = [rows[r * width : r * width + n] for r in range(world)]
-            # Read without torch after the wait where it can be (Note [Trailers after the wait]).
-            trailers = memoryview(rows.numpy())[n::width] if prepared.readable else rows[n::width]
+        buffers = prepared.buffers
+        if buffers is not None:  # Note [Small agreed all-reduces gather]
+            if not buffers.free.acquire(blocking=False):  # Note [Gather buffers]
+                return self.all_reduce([tensor], op, timeout=timeout, prediction=predicted)[0]
+            buffers.data.copy_(source)
+            flat = buffers.send
+        else:
+            flat = torch.cat((source if source.dim() == 1 else source.reshape(-1), plan.trailer))
         what = plan.what
         self._entered += 1
         telemetry, number = self.telemetry, self._entered
@@ -493,33 +496,42 @@ class DistGroup:
         try:
             # The process group's own collectives, their conditions checked above (Note
             # [Prepared layouts]): a plain tensor of the layout's real dtype.
-            if gathered:
-                self._world.all_gather_single(rows, flat).wait()
+            if buffers is not None:
+                self._world.all_gather_single(buffers.rows, flat).wait()
             else:
                 self._world.allreduce([flat], prepared.options).wait()
-        except RuntimeError as error:
-            raise self._diagnose(what, error) from error
+        except BaseException as error:
+            if buffers is not None:  # gloo may still write them: never used again
+                self._prepared.pop(predicted, None)
+            if isinstance(error, RuntimeError):
+                raise self._diagnose(what, error) from error
+            raise
         finally:
             if telemetry is not None:
                 telemetry.end(number)
-        if gathered:
-            changed = trailers.tolist().count(plan.ok) != world
+        if buffers is not None:
+            try:
+                changed = buffers.trailers.tolist().count(plan.ok) != self.world_size
+                # In rank order (the same bits on every rank), into a new tensor.
+                data = None if changed else op.combine(buffers.parts)
+            finally:
+                buffers.free.release()
         else:
-            changed = flat[n].item() != plan.ok
+            changed = flat[plan.numel].item() != plan.ok
+            if not changed:
+                data = flat[: plan.numel]
+                if op is ReduceOp.MEAN:
+                    data = _mean(data, self.world_size)
+                if plan.shape is not None:
+                    data = data.view(plan.shape)
         if changed:  # every rank saw "changed": each runs the full check
             return self.all_reduce([tensor], op, timeout=timeout, prediction=None)[0]
-        if gathered:
-            data = op.combine(parts)  # in rank order: the same bits on every rank
-        else:
-            data = flat[:n]
-            if op is ReduceOp.MEAN:
-                data = _mean(data, self.world_size)
         layouts.agreed(predicted)
         if telemetry is not None and telemetry.enabled:
             duration = time.perf_counter() - start
             telemetry.record(what, plan.nbytes, self.backend, self._ranks, start, duration,
                              (duration,))  # fmt: skip
-        return data if plan.shape is None else data.view(plan.shape)
+        return data
 
     def _exchange_agreed(
         self, plan: agreed.Plan, flat: torch.Tensor, op: ReduceOp, timeout: float | None
@@ -548,13 +560,16 @@ class DistGroup:
     def _prepare(self, key: tuple) -> Prepared | bool:
         """`prepare(key)`, kept for the next calls; False when the layout cannot take the hot
         path (Note [Prepared layouts])."""
-        if len(self._prepared) >= MAX_PREPARED:
-            self._prepared.clear()
         prepared = (
             prepare(key, self.device, self.world_size, self.backend)
             if self._world is not None
             else None
         )
+        nbytes = prepared.buffers.nbytes if prepared and prepared.buffers is not None else 0
+        if len(self._prepared) >= MAX_PREPARED or self._buffer_bytes + nbytes > MAX_BUFFER_BYTES:
+            self._prepared.clear()  # Note [Gather buffers]
+            self._buffer_bytes = 0
+        self._buffer_bytes += nbytes
         self._prepared[key] = prepared or False
         return prepared or False
 
@@ -786,6 +801,7 @@ class DistGroup:
         it is destroyed (a later collective looks it up again, and fails as torch does)."""
         self._world = None
         self._prepared.clear()
+        self._buffer_bytes = 0
 
 
 def _release_at_exit(group_ref: weakref.ref) -> None:
