@@ -32,8 +32,9 @@ declines) runs the same collective. Used while the gathered rows fit `GATHER_BYT
 (gloo, 2 workers on 2 vCPUs, `benchmarks/bench_user_collective.py`, old and new code run
 alternately, 3 launches each): at 4 KiB, many per `strategy.run`, nbdist/raw 0.98-1.15x
 against 1.09-1.30x before; one call after a barrier unchanged within the machine's spread
-(1.29-1.36x both), where the cold code of the layers above costs more than the saved step.
-A bare process-group all-gather of 4 KiB took 311-355 us against the all-reduce's 355-390 us.
+(1.29-1.36x both) until the gathered path stopped making its buffers per call (Note [Gather
+buffers] in `nbdist.collectives.direct`: 1.09-1.14x). A bare process-group all-gather of
+4 KiB took 311-355 us against the all-reduce's 355-390 us.
 Imports only torch and nbdist.reduce.
 """
 
