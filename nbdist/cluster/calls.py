@@ -24,6 +24,17 @@ with a stuck one.
 Timeouts and Ctrl-C interrupt the engines still running (SIGINT through ipyparallel's nanny)
 and abandon the group (which releases engines blocked in C), then give them a few seconds to
 come back.
+
+Note [Signal before abort]: the SIGINT travels through the controller and each engine's nanny;
+abandoning the group goes through the rendezvous store and wakes a blocked collective within a
+heartbeat. If the abandon wins (a loaded machine, seen once in CI), the blocked engine's call
+ends with the collective's RuntimeError, and its SIGINT lands later, in whatever that engine
+runs next: the group's re-forming, which it then breaks halfway, leaving its peer waiting in
+the rendezvous until `repair` gives up (30 s) and the cluster is marked unusable. So
+`interrupt` waits (up to `SIGNAL_ACK_S`) for the nannies to say they sent the signal before it
+abandons the group: the signal is then pending in the engine, and the interrupted call ends
+with it; and the engine-side re-forming ignores SIGINT (`health.reform`), so a signal that
+still comes late cannot break it.
 """
 
 from __future__ import annotations
@@ -67,6 +78,9 @@ __all__ = [
     "wait_for_outputs",
 ]
 
+SIGNAL_ACK_S = 2.0
+"""Seconds `interrupt` waits for the engines' nannies to say they sent SIGINT (Note [Signal
+before abort])."""
 INTERRUPT_GRACE_S = 3.0
 """Seconds interrupted engines get to come back before they count as still busy (blocked
 collectives are released within a heartbeat, so this is plenty)."""
@@ -240,9 +254,10 @@ class Supervisor:
         if pending:
             self.fault = self.fault or reason
             with contextlib.suppress(Exception):
-                self.cluster.client.send_signal(
+                sent = self.cluster.client.send_signal(
                     signal.SIGINT, targets=[info.id for info in pending], block=False
                 )
+                sent.result(timeout=SIGNAL_ACK_S)  # Note [Signal before abort]
             self.cluster.abort_group(reason)
         return [info.rank for info in pending]
 

@@ -188,6 +188,31 @@ def test_an_engine_killed_in_a_collective_is_the_named_cause(tmp_path, monkeypat
     assert_processes_gone(pids)
 
 
+@interactive
+def sigint_to_self_after(seconds):
+    import os
+    import signal
+    import threading
+
+    threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+
+def test_a_late_sigint_while_the_group_is_formed_again_is_ignored(cluster):
+    """Note [Signal before abort]: a SIGINT meant for an interrupted call may land while the
+    group is formed again. Replica 1 starts re-forming 2 s late, so replica 0 waits in the
+    rendezvous when its SIGINT arrives (0.5 s in): the re-forming still succeeds on both."""
+    client = cluster.client
+    zero, one = (info.id for info in cluster.engines)
+    client[zero].apply_sync(sigint_to_self_after, 0.5)
+    late = client[one].apply_async(time.sleep, 2.0)
+    begin = time.monotonic()
+    problem = cluster.repair("test: a SIGINT during the re-forming")
+    late.get(timeout=10)
+    print(f"\nre-forming with a SIGINT on replica 0: {time.monotonic() - begin:.1f} s, {problem}")
+    assert problem is None, problem
+    _usable_and_right(cluster)
+
+
 def test_an_engine_that_stays_busy_makes_the_cluster_unusable_until_restart(cluster, capsys):
     """Last: an engine that ignores SIGINT outlives the timeout; nothing may queue behind it
     or pair with it, so cells and strategy.run refuse, naming what happened and the fix."""

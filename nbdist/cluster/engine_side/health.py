@@ -13,6 +13,10 @@ Example (what the notebook does, through ipyparallel)::
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from nbdist.cluster import _wire
@@ -53,14 +57,30 @@ def reform(generation: str) -> dict[str, Any]:
     """Form the engines' process group again under `generation` (all engines, all idle).
 
     The engine keeps its namespace and its `strategy` object; only the connections are new.
+    SIGINT is ignored meanwhile: one arriving now was meant for the call just interrupted, and
+    would break the rendezvous halfway (Note [Signal before abort] in `nbdist.cluster.calls`).
     """
     try:
-        group = getattr(state.strategy(), "_group", None)
-        if group is not None:
-            group.reform(generation)
+        with _sigint_ignored():
+            group = getattr(state.strategy(), "_group", None)
+            if group is not None:
+                group.reform(generation)
     except BaseException as error:
         return _wire.failure(error, "re-forming the process group")
     return {"ok": True, "value": _wire.dumps(None), "elapsed": 0.0}
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT inside the block (main thread only: elsewhere it changes nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def group_prefix() -> str | None:
