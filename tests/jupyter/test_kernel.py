@@ -124,6 +124,7 @@ def kernel(tmp_path_factory):
     km.kernel_spec_manager.kernel_dirs.insert(0, str(root / "kernels"))
     km.start_kernel(env=env)
     pids: list[int] = []
+    k = None
     try:
         k = Kernel(km)
         text, error = k.run(f"%load_ext {EXTENSION}\n%dist start -n 2")
@@ -135,11 +136,14 @@ def kernel(tmp_path_factory):
         k.pids = pids
         yield k
     finally:
-        with contextlib.suppress(Exception):
-            km.client().stop_channels()
-        if km.is_alive():
+        # `%dist stop` through the kernel's own client, then its channels closed (stopping the
+        # channels of another client first left `%dist stop` without a reply for 60 s).
+        if k is not None and km.is_alive():
             with contextlib.suppress(Exception):
                 k.run("%dist stop", timeout=60)
+        if k is not None:
+            with contextlib.suppress(Exception):
+                k.client.stop_channels()
         km.shutdown_kernel(now=True)
         for pid in pids:  # never leave anything behind, even when a test fails
             with contextlib.suppress(psutil.Error):
