@@ -79,8 +79,8 @@ def _sigint_ignored() -> Iterator[None]:
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    finally:  # None: the handler was not set from Python (then the default one)
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
 def group_prefix() -> str | None:
