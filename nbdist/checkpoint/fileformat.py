@@ -63,9 +63,12 @@ def write_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     The file is readable by its owner only (as a temporary file is made). On any failure the
     temporary file is removed and an existing checkpoint at `path` is left as it was.
 
+    A missing directory is created, parents included, as TensorFlow's `Checkpoint.write`
+    creates the directory of its prefix.
+
     Raises:
-        CheckpointError: the directory is missing or not writable, `path` is a directory,
-            the disk is full, or `data` cannot be pickled; the message names the fix.
+        CheckpointError: the directory cannot be created or is not writable, `path` is a
+            directory, the disk is full, or `data` cannot be pickled; the message names the fix.
     """
     target = os.path.abspath(os.path.expanduser(os.fspath(path)))
     folder = os.path.dirname(target)
@@ -74,13 +77,7 @@ def write_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
             f"Cannot write checkpoint {os.fspath(path)!r}: it is a directory. Give a file path "
             f"inside it, e.g. {os.path.join(os.fspath(path), 'checkpoint.pt')!r}."
         )
-    if not os.path.isdir(folder):
-        where = "is a file, not a directory" if os.path.exists(folder) else "does not exist"
-        raise CheckpointError(
-            f"Cannot write checkpoint {os.fspath(path)!r}: its directory {folder!r} {where}. "
-            f"Create the directory first (os.makedirs({folder!r}, exist_ok=True)) or choose "
-            f"another path."
-        )
+    _make_directory(folder, os.fspath(path))
     try:
         handle, temporary = tempfile.mkstemp(
             dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp"
@@ -113,6 +110,29 @@ def write_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
             ) from error
         raise
     _sync_directory(folder)
+
+
+def _make_directory(folder: str, path: str) -> None:
+    """Create `folder` (and its parents) unless it exists; refuse a file in the way."""
+    if os.path.isdir(folder):
+        return
+    blocker = folder
+    while blocker and not os.path.exists(blocker) and os.path.dirname(blocker) != blocker:
+        blocker = os.path.dirname(blocker)
+    if os.path.exists(blocker) and not os.path.isdir(blocker):
+        raise CheckpointError(
+            f"Cannot write checkpoint {path!r}: {blocker!r} is a file, not a directory, so the "
+            f"directory {folder!r} cannot be created. Choose a path whose folders are "
+            f"directories (or move that file away)."
+        )
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise CheckpointError(
+            f"Cannot write checkpoint {path!r}: its directory {folder!r} cannot be created "
+            f"({error.strerror or error}). Choose a path in a directory you can write to, or "
+            f"create the directory with the right permissions."
+        ) from error
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:

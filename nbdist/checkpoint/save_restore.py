@@ -54,16 +54,18 @@ def save(path: str | os.PathLike[str], /, **objects: Any) -> str:
     returns only once the file is complete, or raises the same error.
 
     Args:
-        path: The file to write (its directory must exist). It is replaced atomically: a
-            reader sees the previous checkpoint or this one, never part of one.
+        path: The file to write. It is replaced atomically: a reader sees the previous
+            checkpoint or this one, never part of one. A missing directory is created (by the
+            writing worker), as TensorFlow's `Checkpoint.write` does.
         **objects: The objects to save, each under the name you will restore it by.
 
     Returns:
         `path`, as a string.
 
     Raises:
-        CheckpointError: the path cannot be written (missing or read-only directory, a
-            directory, a full disk), named with the fix; any earlier file there is kept.
+        CheckpointError: the path cannot be written (a directory that cannot be created, a
+            read-only directory, a file in the way, a full disk), named with the fix; any
+            earlier file there is kept.
         CheckpointTypeError: an object that cannot be checkpointed, or nothing to save.
 
     Example:
@@ -81,6 +83,20 @@ def save(path: str | os.PathLike[str], /, **objects: Any) -> str:
 
 
 def _save(where: str, **objects: Any) -> str:
+    return save_objects(where, objects)
+
+
+def save_objects(
+    where: str,
+    objects: dict[str, Any],
+    *,
+    metadata: dict[str, Any] | None = None,
+    after_write: Callable[[Workers], None] | None = None,
+) -> str:
+    """Save `objects` to `where` on every worker (one writes); `metadata` joins the file's
+    header; the writer calls `after_write(workers)` once the file is complete, before any
+    worker returns (a `CheckpointManager` records its state and deletes old files there), and
+    its error is every worker's error."""
     workers = Workers.for_objects(objects)
     error: BaseException | None = None
     try:
@@ -89,8 +105,15 @@ def _save(where: str, **objects: Any) -> str:
             replicas = getattr(workers.strategy, "num_replicas_in_sync", 1)
             write_atomic(
                 where,
-                payload(entries, num_replicas_in_sync=replicas, num_workers=workers.count),
+                payload(
+                    entries,
+                    num_replicas_in_sync=replicas,
+                    num_workers=workers.count,
+                    **(metadata or {}),
+                ),
             )
+            if after_write is not None:
+                after_write(workers)
     except Exception as caught:
         error = caught
     wrote = workers.is_writer and error is None
@@ -141,11 +164,20 @@ def restore(path: str | os.PathLike[str], /, **objects: Any) -> None:
 
 
 def _restore(where: str, **objects: Any) -> None:
+    restore_objects(where, objects)
+
+
+def restore_objects(where: str, objects: dict[str, Any]) -> dict[str, Any]:
+    """Restore `objects` from `where` on every worker; returns the file's header (its
+    metadata, without the objects)."""
     workers = Workers.for_objects(objects)
     error: BaseException | None = None
     entries: dict[str, Any] = {}
+    header: dict[str, Any] = {}
     try:
-        entries = load(where)["objects"]
+        data = load(where)
+        entries = data["objects"]
+        header = {key: value for key, value in data.items() if key != "objects"}
         absent = [name for name in objects if name not in entries]
         if absent:
             raise CheckpointMismatchError(
@@ -169,6 +201,7 @@ def _restore(where: str, **objects: Any) -> None:
         workers.settle(error, f"Restoring checkpoint {where!r}")
     elif error is not None:
         raise error
+    return header
 
 
 @_public

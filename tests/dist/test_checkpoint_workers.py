@@ -111,7 +111,8 @@ good = str(folder / "good.pt")
 out["save"] = attempt(nd.checkpoint.save, good, model=model, total=total)
 out["writes"] = len(writes)
 out["saved_total"] = nd.checkpoint.read(good)["total"]["value"].item()
-out["unwritable"] = attempt(nd.checkpoint.save, str(folder / "missing" / "c.pt"), model=model)
+(folder / "afile").write_text("x")  # a file where a directory should be
+out["unwritable"] = attempt(nd.checkpoint.save, str(folder / "afile" / "c.pt"), model=model)
 out["another_model"] = attempt(nd.checkpoint.restore, good, model=torch.nn.Linear(64, 3))
 truncated = folder / "truncated.pt"
 if rank == 0:
@@ -156,6 +157,60 @@ else:  # stays alive (heartbeats) and takes no part
         time.sleep(0.05)
 report(out)
 """
+
+
+MANAGER = r"""
+import os, pathlib
+import torch
+torch.set_num_threads(1)
+import nbdist as nd
+import nbdist.checkpoint.fileformat as fileformat
+
+strategy = nd.MultiWorkerMirroredStrategy(
+    communication_options=nd.experimental.CommunicationOptions(timeout_seconds=30))
+rank = strategy.cluster_resolver.task_id
+folder = pathlib.Path(os.environ["FOLDER"]) / "new" / "ckpts"  # missing: the writer makes it
+writes = []
+real_write = fileformat.write_atomic
+fileformat.write_atomic = lambda *a, **k: (writes.append(a[0]), real_write(*a, **k))
+import nbdist.checkpoint.save_restore as save_restore
+save_restore.write_atomic = fileformat.write_atomic
+torch.manual_seed(rank)  # different until the strategy mirrors them
+with strategy.scope():
+    model = torch.nn.Linear(4, 2)
+manager = nd.checkpoint.CheckpointManager(folder, max_to_keep=2, model=model)
+paths = [os.path.basename(manager.save()) for _ in range(3)]
+out = {"paths": paths, "checkpoints": [os.path.basename(p) for p in manager.checkpoints],
+       "files": sorted(os.listdir(folder)), "writes": len(writes)}
+strategy.run(lambda: nd.get_replica_context().all_reduce("sum", torch.ones(1)))  # a barrier
+with torch.no_grad():
+    model.weight.zero_()
+again = nd.checkpoint.CheckpointManager(folder, max_to_keep=2, model=model)
+out["restored"] = os.path.basename(again.restore_or_initialize())
+out["weight_nonzero"] = bool(model.weight.abs().sum() > 0)
+out["next"] = os.path.basename(again.save())
+out["after"] = [os.path.basename(p) for p in again.checkpoints]
+blocked = pathlib.Path(os.environ["FOLDER"]) / "run.log"
+blocked.write_text("x")
+try:
+    nd.checkpoint.CheckpointManager(blocked / "ckpts", model=model)
+except nd.CheckpointError as error:
+    out["blocked"] = str(error)
+report(out)
+strategy.shutdown()
+"""
+
+
+def test_checkpoint_manager_on_two_workers_one_writes_every_worker_knows(tmp_path):
+    outs = _launch(MANAGER, 2, FOLDER=str(tmp_path))
+    for out in outs:
+        assert out["paths"] == ["ckpt-1", "ckpt-2", "ckpt-3"]
+        assert out["checkpoints"] == ["ckpt-2", "ckpt-3"]
+        assert out["files"] == ["checkpoint", "ckpt-2", "ckpt-3"]  # ckpt-1 deleted once
+        assert out["restored"] == "ckpt-3" and out["weight_nonzero"]
+        assert out["next"] == "ckpt-4" and out["after"] == ["ckpt-3", "ckpt-4"]
+        assert "is a file, not a directory" in out["blocked"]
+    assert [out["writes"] for out in outs] == [3, 0]  # should_checkpoint: worker 0 only
 
 
 def _launch(code: str, workers: int, **env: str):
@@ -204,7 +259,7 @@ def test_one_worker_writes_and_sync_on_read_values_are_aggregated(errors):
 @pytest.mark.parametrize(
     ("case", "kind", "pattern"),
     [
-        ("unwritable", "CheckpointError", "does not exist.*os.makedirs"),
+        ("unwritable", "CheckpointError", "is a file, not a directory"),
         ("another_model", "CheckpointMismatchError", "holds parameters for a model with"),
         ("truncated", "CheckpointError", "truncated: the file was not completely written"),
     ],

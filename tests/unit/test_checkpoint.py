@@ -267,8 +267,8 @@ def test_iterator_of_datasets_from_function_resumes_on_the_same_topology(tmp_pat
 @pytest.mark.parametrize(
     ("where", "pattern"),
     [
-        ("missing/ckpt.pt", "directory .* does not exist.*os.makedirs"),
         ("afile/ckpt.pt", "is a file, not a directory"),
+        ("afile/deeper/ckpt.pt", "is a file, not a directory"),
         (".", "is a directory"),
     ],
 )
@@ -276,6 +276,12 @@ def test_unwritable_path_is_refused_with_the_fix(tmp_path, where, pattern):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(nd.CheckpointError, match=pattern):
         nd.checkpoint.save(tmp_path / where, w=torch.ones(1))
+
+
+def test_save_creates_a_missing_directory_as_tf_does(tmp_path):
+    # TF's Checkpoint.write/save create the directory of their prefix (recursive_create_dir).
+    path = nd.checkpoint.save(tmp_path / "new" / "nested" / "ckpt.pt", w=torch.ones(1))
+    assert nd.checkpoint.read(path)["w"].tolist() == [1.0]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")

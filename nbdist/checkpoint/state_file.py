@@ -1,0 +1,134 @@
+"""The `checkpoint` state file a `CheckpointManager` keeps in its directory, in TF's format.
+
+Note [Checkpoint state file]: TensorFlow's `CheckpointManager` records which checkpoints it
+manages in a text file named `checkpoint` next to them: a `CheckpointState` protocol buffer
+in text format, with paths relative to the directory, e.g.
+
+    model_checkpoint_path: "ckpt-3"
+    all_model_checkpoint_paths: "ckpt-2"
+    all_model_checkpoint_paths: "ckpt-3"
+    all_model_checkpoint_timestamps: 1764241234.5
+    all_model_checkpoint_timestamps: 1764241240.25
+    last_preserved_timestamp: 1764241230.0
+
+nbdist writes the same fields in the same format, atomically (temporary file, then rename),
+so a manager made later in the directory (or a reader of the file) finds the list, and
+`nd.checkpoint.latest_checkpoint(directory)` answers as `tf.train.latest_checkpoint` does. A
+file that does not parse is ignored with a warning, as TensorFlow ignores it.
+
+Imports nbdist.errors only.
+
+Example:
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> write_state(folder, CheckpointState(os.path.join(folder, "ckpt-2"),
+    ...             [os.path.join(folder, "ckpt-1"), os.path.join(folder, "ckpt-2")],
+    ...             [10.0, 20.0], 5.0))
+    >>> [os.path.basename(p) for p in read_state(folder).all_model_checkpoint_paths]
+    ['ckpt-1', 'ckpt-2']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+import warnings
+
+from nbdist.errors import CheckpointError
+
+__all__ = ["STATE_FILE", "CheckpointState", "read_state", "write_state"]
+
+STATE_FILE = "checkpoint"
+"""The state file's name in the manager's directory (TF's default `latest_filename`)."""
+
+
+@dataclasses.dataclass
+class CheckpointState:
+    """What the state file holds (TF's `CheckpointState` fields); paths as the manager uses
+    them (joined to its directory)."""
+
+    model_checkpoint_path: str
+    all_model_checkpoint_paths: list[str]
+    all_model_checkpoint_timestamps: list[float]
+    last_preserved_timestamp: float
+
+
+def write_state(directory: str, state: CheckpointState) -> None:
+    """Write `state` to `directory/checkpoint` atomically, paths relative to `directory`.
+
+    Raises:
+        CheckpointError: the file cannot be written (named, with the fix).
+    """
+
+    def quoted(path: str) -> str:
+        if os.path.isabs(path) == os.path.isabs(directory):
+            path = os.path.relpath(path, directory)
+        return json.dumps(path, ensure_ascii=False)
+
+    lines = [f"model_checkpoint_path: {quoted(state.model_checkpoint_path)}"]
+    lines += [f"all_model_checkpoint_paths: {quoted(p)}" for p in state.all_model_checkpoint_paths]
+    lines += [
+        f"all_model_checkpoint_timestamps: {t!r}" for t in state.all_model_checkpoint_timestamps
+    ]
+    lines.append(f"last_preserved_timestamp: {state.last_preserved_timestamp!r}")
+    target = os.path.join(directory, STATE_FILE)
+    temporary = None
+    try:
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{STATE_FILE}.", suffix=".tmp")
+        with os.fdopen(handle, "w") as file:
+            file.write("\n".join(lines) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except OSError as error:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+        raise CheckpointError(
+            f"Cannot write the checkpoint state file {target!r}: {error.strerror or error}. "
+            f"Give the CheckpointManager a directory you can write to."
+        ) from error
+
+
+def read_state(directory: str) -> CheckpointState | None:
+    """The state in `directory/checkpoint`, paths joined to `directory`; None when there is
+    no such file, or (with a warning, as TensorFlow does) when it cannot be read or parsed."""
+    target = os.path.join(directory, STATE_FILE)
+    if not os.path.isfile(target):
+        return None
+    try:
+        with open(target) as file:
+            text = file.read()
+        fields: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            key, colon, value = line.partition(":")
+            if not colon:
+                raise ValueError(f"no ':' in {line!r}")
+            fields.setdefault(key.strip(), []).append(value.strip())
+        (latest,) = fields["model_checkpoint_path"]
+
+        def path(raw: str) -> str:
+            value = json.loads(raw)
+            if not isinstance(value, str):
+                raise ValueError(f"{raw!r} is not a quoted path")
+            return value if os.path.isabs(value) else os.path.join(directory, value)
+
+        paths = [path(p) for p in fields.get("all_model_checkpoint_paths", [])]
+        stamps = [float(t) for t in fields.get("all_model_checkpoint_timestamps", [])]
+        preserved = [float(t) for t in fields.get("last_preserved_timestamp", ["0"])]
+        if not path(latest) or (stamps and len(stamps) != len(paths)):
+            raise ValueError("the paths and timestamps do not match")
+        return CheckpointState(path(latest), paths, stamps, preserved[-1])
+    except (OSError, ValueError, KeyError) as error:
+        warnings.warn(
+            f"The checkpoint state file {target!r} cannot be read ({error}); it is ignored, as "
+            f"TensorFlow ignores it: no earlier checkpoint is known in {directory!r}.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
