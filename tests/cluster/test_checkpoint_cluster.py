@@ -9,6 +9,8 @@ the cluster usable.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from ipyparallel import interactive
@@ -98,17 +100,28 @@ def runs(tmp_path_factory):
                 file.write(data[: len(data) // 2])
             with pytest.raises(Exception) as info:  # ipyparallel's CompositeError
                 _execute(three, f"nd.checkpoint.restore({truncated!r}, model=model)")
+            (folder / "afile").write_text("x")  # a file where a directory should be
             try:
-                three.strategy.run(save_on_engine, args=(folder / "missing" / "c.pt",))
+                three.strategy.run(save_on_engine, args=(folder / "afile" / "c.pt",))
                 missing_dir = None
             except RemoteError as error:
                 missing_dir = error
             usable = three.strategy.run(lambda: 1).values
+            managed = str(folder / "managed")  # missing: the writing engine creates it
+            _execute(three, f"manager = nd.checkpoint.CheckpointManager({managed!r}, "
+                     "max_to_keep=1, model=model)\n"
+                     "saved = [manager.save(), manager.save()]\n"
+                     "kept = manager.checkpoints")  # fmt: skip
+            manager = {
+                "saved": three.pull("saved").values, "kept": three.pull("kept").values,
+                "files": sorted(os.listdir(managed)),
+            }  # fmt: skip
         finally:
             stop_and_check(three)
     return {
         "uninterrupted": uninterrupted, "saved": saved, "resumed": resumed, "totals": totals,
         "lefts": lefts, "truncated": info.value, "missing_dir": missing_dir, "usable": usable,
+        "manager": manager,
     }  # fmt: skip
 
 
@@ -129,5 +142,14 @@ def test_engine_errors_name_the_problem_on_every_engine_and_keep_the_cluster(run
     assert "was not completely written" in text
     error = runs["missing_dir"]
     assert error is not None and error.replicas == (0, 1, 2)
-    assert "does not exist" in str(error)
+    assert "is a file, not a directory" in str(error)
     assert runs["usable"] == (1, 1, 1)
+
+
+def test_checkpoint_manager_on_three_engines_one_writes_every_engine_knows(runs):
+    manager = runs["manager"]
+    folder = os.path.dirname(manager["saved"][0][0])
+    expected = [os.path.join(folder, "ckpt-1"), os.path.join(folder, "ckpt-2")]
+    assert manager["saved"] == (expected,) * 3
+    assert manager["kept"] == ([expected[1]],) * 3  # max_to_keep=1, on every engine
+    assert manager["files"] == ["checkpoint", "ckpt-2"]  # ckpt-1 deleted once
