@@ -29,7 +29,7 @@ from nbdist.cluster.engine_side import health, joining
 from nbdist.cluster.errors import ClusterStartError, ClusterUnusableError, EngineTimeoutError
 from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
 from nbdist.cluster.lockdown import private_dirs, private_files
-from nbdist.cluster.plan import LaunchPlan, make_plan
+from nbdist.cluster.plan import LaunchPlan, make_plan, with_communication
 from nbdist.cluster.processes import KILL_GRACE_S, ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
 from nbdist.cluster.startup import (
@@ -43,6 +43,7 @@ from nbdist.cluster.startup import (
 )
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 from nbdist.cluster.stop_log import launchers_of, quiet_stop_log, write_log
+from nbdist.communication import CommunicationOptions
 from nbdist.errors import InvalidArgumentError, WorkerLostError
 from nbdist.values import PerReplica
 
@@ -83,6 +84,16 @@ class Cluster:
             or `"parameter_server"`: engines as worker and ps tasks of a
             `ParameterServerStrategy` (`num_ps=1` of them ps tasks; `nbdist.cluster.ps_cluster`).
         timeout: Seconds for the engines to start and join the group (and to stop).
+        collective_timeout: Seconds a collective on the engines waits for every engine before
+            it fails naming the ones that did not arrive (default 300 s). Raise it when the
+            engines' steps take very different times (e.g. one engine evaluates or saves while
+            the others wait); lower it to learn sooner of an engine that hangs. `%dist start
+            --collective-timeout S`.
+        communication_options: `nd.experimental.CommunicationOptions` of the engines'
+            `MultiWorkerMirroredStrategy` (`timeout_seconds`, `bytes_per_pack`,
+            `compression`; `implementation` must agree with `backend`). With
+            `strategy="parameter_server"` only the timeout applies (the coordinator's
+            `strategy.timeout`).
         profile_dir: ipyparallel profile directory (default: `$IPYTHONDIR/profile_default`).
         heartbeat_period: Seconds between the controller's heartbeats. Registration waits
             for one, so a short period starts engines sooner; an engine is unregistered after
@@ -92,7 +103,8 @@ class Cluster:
             `{"mpi_args": [...]}`, `{"account": "...", "timelimit": "1:00:00"}` for Slurm.
 
     Raises:
-        ValueError, TypeError: invalid arguments (see `plan.make_plan`),
+        ValueError, TypeError: invalid arguments (see `plan.make_plan` and
+            `plan.with_communication`),
             or a launcher option that ipyparallel's launcher does not have.
         RuntimeError: launcher="mpi" without `mpiexec` or mpi4py.
 
@@ -136,12 +148,18 @@ class Cluster:
         backend: str = "auto",
         strategy: str = "mirrored",
         timeout: float = 120.0,
+        collective_timeout: float | None = None,
+        communication_options: CommunicationOptions | None = None,
         *,
         profile_dir: str | None = None,
         heartbeat_period: float = 0.5,
         launcher_options: Mapping[str, Any] | None = None,
     ):
-        self._plan: LaunchPlan = make_plan(n, gpus, hosts, launcher, backend, strategy, timeout)
+        self._plan: LaunchPlan = with_communication(
+            make_plan(n, gpus, hosts, launcher, backend, strategy, timeout),
+            collective_timeout,
+            communication_options,
+        )
         if isinstance(heartbeat_period, bool) or not (
             isinstance(heartbeat_period, (int, float)) and 0.05 <= heartbeat_period <= 60
         ):

@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from nbdist.communication import CommunicationImplementation
+from nbdist.communication import CommunicationImplementation, CommunicationOptions
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "local_gpu_ids",
     "make_plan",
     "parse_hosts",
+    "with_communication",
 ]
 
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
@@ -76,6 +77,8 @@ class LaunchPlan:
         implementation: The `CommunicationImplementation` the engines' strategy uses.
         strategy: One of `STRATEGIES`.
         timeout: Seconds for the engines to start and join, and for them to stop.
+        communication: The `CommunicationOptions` of the engines' strategy (collective
+            timeout, bucket size, compression; its implementation is `implementation`).
     """
 
     n: int
@@ -88,6 +91,12 @@ class LaunchPlan:
     timeout: float
     gpu_mode: str = "none"
     gpus_required: bool = False
+    communication: CommunicationOptions = dataclasses.field(default_factory=CommunicationOptions)
+
+    @property
+    def collective_timeout(self) -> float:
+        """Seconds an engine's collective waits for every engine (default 300)."""
+        return self.communication.timeout
 
     @property
     def device_kind(self) -> str:
@@ -363,6 +372,81 @@ _NO_GPU_LIST = (
     "when there is one) or pass gpus='none' for CPU engines; set CUDA_VISIBLE_DEVICES on the "
     "hosts to choose GPUs there."
 )
+
+
+def with_communication(
+    plan: LaunchPlan, collective_timeout: Any = None, communication_options: Any = None
+) -> LaunchPlan:
+    """`plan` with the engines' `CommunicationOptions`: `communication_options` (default:
+    TF's defaults) with `collective_timeout` as its `timeout_seconds`, and the implementation
+    agreed with `plan.backend`.
+
+    Raises:
+        ArgumentTypeError: `collective_timeout` not a number; `communication_options` not a
+            `CommunicationOptions`.
+        InvalidArgumentError: `collective_timeout` not a positive finite number of seconds;
+            both given with different timeouts; an implementation that contradicts
+            `backend`, or NCCL on CPU engines.
+
+    Example:
+        >>> plan = with_communication(make_plan(n=2, gpu_ids=()), collective_timeout=30)
+        >>> plan.collective_timeout
+        30.0
+    """
+    options = communication_options
+    if options is None:
+        options = CommunicationOptions()
+    elif not isinstance(options, CommunicationOptions):
+        raise ArgumentTypeError(
+            f"communication_options must be nd.experimental.CommunicationOptions, got "
+            f"{type(options).__name__} {options!r}; e.g. communication_options="
+            f"nd.experimental.CommunicationOptions(timeout_seconds=600)."
+        )
+    if collective_timeout is not None:
+        if isinstance(collective_timeout, bool) or not isinstance(
+            collective_timeout, (int, float)
+        ):
+            raise ArgumentTypeError(
+                f"collective_timeout must be a number of seconds, got "
+                f"{type(collective_timeout).__name__} {collective_timeout!r}; e.g. "
+                f"collective_timeout=600."
+            )
+        if not (collective_timeout > 0 and math.isfinite(collective_timeout)):
+            raise InvalidArgumentError(
+                f"collective_timeout must be a positive number of seconds, got "
+                f"{collective_timeout!r}; e.g. collective_timeout=600 (the default is 300 s)."
+            )
+        if options.timeout_seconds is not None and options.timeout_seconds != collective_timeout:
+            raise InvalidArgumentError(
+                f"collective_timeout={collective_timeout!r} and communication_options."
+                f"timeout_seconds={options.timeout_seconds!r} disagree; give the timeout once."
+            )
+        options = dataclasses.replace(options, timeout_seconds=float(collective_timeout))
+    elif options.timeout_seconds is not None and not math.isfinite(options.timeout_seconds):
+        raise InvalidArgumentError(
+            f"communication_options.timeout_seconds must be finite, got "
+            f"{options.timeout_seconds!r}; e.g. timeout_seconds=600."
+        )
+    implementation = options.implementation
+    backend = plan.backend
+    if implementation is not CommunicationImplementation.AUTO:
+        wanted = next(name for name, value in BACKENDS.items() if value is implementation)
+        if backend != "auto" and backend != wanted:
+            raise InvalidArgumentError(
+                f"backend={backend!r} and communication_options.implementation="
+                f"{implementation.value} disagree; give one of them (backend={wanted!r} is "
+                f"implementation={implementation.value})."
+            )
+        if implementation is CommunicationImplementation.NCCL and plan.gpu_mode == "none":
+            raise InvalidArgumentError(
+                "communication_options.implementation=NCCL needs GPU engines, but these "
+                "engines run on CPUs. Use RING (gloo) or AUTO."
+            )
+        backend = wanted
+    options = dataclasses.replace(options, implementation=CommunicationImplementation.AUTO)
+    return dataclasses.replace(
+        plan, backend=backend, implementation=BACKENDS[backend], communication=options
+    )
 
 
 def _remote_plan(

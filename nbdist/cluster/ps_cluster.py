@@ -72,6 +72,13 @@ class PSCluster(Cluster, strategy="parameter_server"):
                 f"gpus={gpus!r}: strategy='parameter_server' starts CPU engines; leave gpus out."
             )
         super().__init__(n, "none", hosts, launcher, backend, "parameter_server", timeout, **kwargs)
+        options = self._plan.communication
+        if options.bytes_per_pack or options.compression:
+            raise InvalidArgumentError(
+                "communication_options of a parameter_server cluster set only the timeout "
+                "(timeout_seconds, or collective_timeout=); bytes_per_pack and compression "
+                "are for strategy='mirrored' or 'multi_worker'."
+            )
         self.num_ps = num_ps
         self._ps_strategy: Any = None
         self._coordinator: Any = None
@@ -130,6 +137,7 @@ class PSCluster(Cluster, strategy="parameter_server"):
         strategy = ParameterServerStrategy(
             SimpleClusterResolver(spec, task_type="chief", task_id=0)
         )
+        strategy.timeout = plan.collective_timeout
         strategy.worker_channels = [
             EngineChannel(self._client, eid, f"/job:worker/task:{i}")
             for i, eid in enumerate(workers)

@@ -162,6 +162,9 @@ def rank_engines(
             "master_addr": first["address"],
             "master_port": first["free_port"],
             "implementation": plan.implementation.value,
+            "timeout_seconds": plan.communication.timeout_seconds,
+            "bytes_per_pack": plan.communication.bytes_per_pack,
+            "compression": plan.communication.compression,
         }
         result.append((engine_id, info, config))
     return result

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import shlex
 import weakref
 from typing import Any
@@ -61,6 +62,13 @@ def _start_parser() -> _Parser:
     parser.add_argument("--strategy", choices=STRATEGIES, default="mirrored")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to start")
     parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a collective on the engines waits for every engine (default 300)",
+    )
+    parser.add_argument(
         "--ps", type=int, default=None, help="engines that are ps tasks (parameter_server)"
     )
     parser.add_argument(
@@ -109,7 +117,7 @@ def _distribute_parser() -> _Parser:
 _DIST_USAGE = (
     "%dist start [-n N] [--gpus all|0,1] [--hosts h1:2,h2:2] [--launcher local|ssh|mpi|slurm] "
     "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
-    "[--ps N] [--timeout S] [--launcher-option KEY=VALUE ...]\n"
+    "[--ps N] [--timeout S] [--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
     "%dist status | stop | restart | auto on|off | dashboard"
 )
 
@@ -153,6 +161,12 @@ class DistMagics(Magics):
                 f"%dist start: -n {args.n} asks for no engines; pass at least 1, e.g. "
                 "`%dist start -n 2`."
             )
+        wait = args.collective_timeout
+        if wait is not None and not (wait > 0 and math.isfinite(wait)):
+            raise UsageError(
+                f"%dist start: --collective-timeout must be a positive number of seconds, got "
+                f"{wait:g}; e.g. `%dist start -n 2 --collective-timeout 600` (default 300)."
+            )
         extra: dict[str, Any] = {}
         if args.ps is not None:
             if args.strategy != "parameter_server":
@@ -165,6 +179,7 @@ class DistMagics(Magics):
             cluster = Cluster(
                 n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,
                 backend=args.backend, strategy=args.strategy, timeout=args.timeout,
+                collective_timeout=wait,
                 launcher_options=_launcher_options(args.launcher_option), **extra,
             )  # fmt: skip
         except (ValueError, TypeError, NotImplementedError, RuntimeError) as error:
@@ -262,11 +277,15 @@ class DistMagics(Magics):
         plan = cluster.plan
         kind = f"GPU {', '.join(plan.gpus)}" if plan.gpus else "CPU"
         state = "running" if cluster.running else "stopped"
-        header = f"nbdist cluster: {plan.n} {kind} engine(s), backend {plan.backend}, {state}"
+        header = (
+            f"nbdist cluster: {plan.n} {kind} engine(s), backend {plan.backend}, "
+            f"{_communication(plan)}, {state}"
+        )
         if getattr(cluster, "num_ps", None):
             header = (
                 f"nbdist parameter-server cluster: {cluster.num_workers} worker and "
-                f"{cluster.num_ps} ps engine(s) (the last {cluster.num_ps}), {state}"
+                f"{cluster.num_ps} ps engine(s) (the last {cluster.num_ps}), "
+                f"{_communication(plan)}, {state}"
             )
         if cluster.broken:
             header += f"\nunusable: {cluster.broken}. Run `%dist restart` (engine state is lost)."
@@ -310,6 +329,18 @@ class DistMagics(Magics):
         )
         self.last_result = value
         return None if args.output == "none" else value
+
+
+def _communication(plan: Any) -> str:
+    """The engines' communication settings for `%dist status`: the collective timeout, and
+    the bucket size and compression where they are not the defaults."""
+    options = plan.communication
+    parts = [f"collective timeout {plan.collective_timeout:g} s"]
+    if options.bytes_per_pack:
+        parts.append(f"bytes_per_pack {options.bytes_per_pack}")
+    if options.compression:
+        parts.append(f"compression {options.compression}")
+    return ", ".join(parts)
 
 
 def _publish_ps(namespace: dict[str, Any], cluster: Any) -> str:

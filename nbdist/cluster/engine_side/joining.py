@@ -49,10 +49,12 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     """Join the engines' process group and create the engine's strategy.
 
     `config` holds `rank`, `world_size`, `local_rank`, `local_world_size`, `master_addr`,
-    `master_port` and `implementation`. Sets the torchrun variables (so code on the engine,
-    and `nd.MultiWorkerMirroredStrategy()` with no arguments, see the same cluster), drops
-    `TF_CONFIG` (it would take precedence), sets torch's intra-op threads to this machine's
-    cores divided among its engines, and stores `strategy`, `nd` and `torch` in the namespace.
+    `master_port`, `implementation` and the strategy's other `CommunicationOptions`
+    (`timeout_seconds`, `bytes_per_pack`, `compression`; absent: the defaults). Sets the
+    torchrun variables (so code on the engine, and `nd.MultiWorkerMirroredStrategy()` with no
+    arguments, see the same cluster), drops `TF_CONFIG` (it would take precedence), sets
+    torch's intra-op threads to this machine's cores divided among its engines, and stores
+    `strategy`, `nd` and `torch` in the namespace.
     """
     namespace = state.namespace()
     env = {
@@ -82,7 +84,10 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     from nbdist.communication import CommunicationImplementation, CommunicationOptions
 
     options = CommunicationOptions(
-        implementation=CommunicationImplementation.from_value(config["implementation"])
+        implementation=CommunicationImplementation.from_value(config["implementation"]),
+        timeout_seconds=config.get("timeout_seconds"),
+        bytes_per_pack=config.get("bytes_per_pack", 0),
+        compression=config.get("compression"),
     )
     strategy = nd.MultiWorkerMirroredStrategy(
         TorchrunClusterResolver(environ=env), communication_options=options
