@@ -26,10 +26,13 @@ def _steps_and_count(model, counter, iterator):
 
 
 def test_engines_train_survive_a_killed_worker_and_report_a_dead_ps():
-    cluster = nd.Cluster(n=3, strategy="parameter_server", num_ps=1, timeout=120)
+    cluster = nd.Cluster(
+        n=3, strategy="parameter_server", num_ps=1, timeout=120, collective_timeout=200
+    )
     try:
         cluster.start()
         assert cluster.roles == ("worker", "worker", "ps")
+        assert cluster.strategy.timeout == 200  # the coordinator's wait (default 300)
         strategy, coordinator = cluster.strategy, cluster.coordinator
         assert isinstance(strategy, nd.ParameterServerStrategy)
         with strategy.scope():
