@@ -373,16 +373,17 @@ def _count(name: str, value: Any, example: str) -> int | None:
 
 def _as_int(name: str, value: Any) -> int:
     """`value` (an int, or an int-valued tensor or `nd.Variable`) as an int."""
+    refused = ArgumentTypeError(
+        f"{name} must be a whole number (an int, or an int-valued tensor or nd.Variable), "
+        f"got {value!r}."
+    )
+    if isinstance(value, bool):
+        raise refused
     try:
-        if isinstance(value, bool):
-            raise TypeError("a bool is not a count")
         whole = int(value)
         exact = float(value) == whole
     except (TypeError, ValueError, RuntimeError) as error:
-        raise ArgumentTypeError(
-            f"{name} must be a whole number (an int, or an int-valued tensor or nd.Variable), "
-            f"got {value!r}."
-        ) from error
+        raise refused from error
     if not exact:
         raise InvalidArgumentError(f"{name} must be a whole number, got {value!r}.")
     return whole

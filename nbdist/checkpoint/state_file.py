@@ -101,34 +101,49 @@ def read_state(directory: str) -> CheckpointState | None:
         return None
     try:
         with open(target) as file:
-            text = file.read()
-        fields: dict[str, list[str]] = {}
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            key, colon, value = line.partition(":")
-            if not colon:
-                raise ValueError(f"no ':' in {line!r}")
-            fields.setdefault(key.strip(), []).append(value.strip())
-        (latest,) = fields["model_checkpoint_path"]
+            parsed = _parse(file.read(), directory)
+    except (OSError, UnicodeDecodeError) as error:
+        parsed = str(error)
+    if isinstance(parsed, CheckpointState):
+        return parsed
+    warnings.warn(
+        f"The checkpoint state file {target!r} cannot be read ({parsed}); it is ignored, as "
+        f"TensorFlow ignores it: no earlier checkpoint is known in {directory!r}.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return None
 
-        def path(raw: str) -> str:
+
+def _parse(text: str, directory: str) -> CheckpointState | str:
+    """The state in a state file's `text`, or why it is not one."""
+    fields: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        key, colon, value = line.partition(":")
+        if not colon:
+            return f"no ':' in {line!r}"
+        fields.setdefault(key.strip(), []).append(value.strip())
+
+    def path(raw: str) -> str | None:
+        try:
             value = json.loads(raw)
-            if not isinstance(value, str):
-                raise ValueError(f"{raw!r} is not a quoted path")
-            return value if os.path.isabs(value) else os.path.join(directory, value)
+        except ValueError:
+            return None
+        if not isinstance(value, str) or not value:
+            return None
+        return value if os.path.isabs(value) else os.path.join(directory, value)
 
-        paths = [path(p) for p in fields.get("all_model_checkpoint_paths", [])]
+    latest = fields.get("model_checkpoint_path", [])
+    if len(latest) != 1 or path(latest[0]) is None:
+        return "it names no model_checkpoint_path"
+    paths = [path(p) for p in fields.get("all_model_checkpoint_paths", [])]
+    try:
         stamps = [float(t) for t in fields.get("all_model_checkpoint_timestamps", [])]
         preserved = [float(t) for t in fields.get("last_preserved_timestamp", ["0"])]
-        if not path(latest) or (stamps and len(stamps) != len(paths)):
-            raise ValueError("the paths and timestamps do not match")
-        return CheckpointState(path(latest), paths, stamps, preserved[-1])
-    except (OSError, ValueError, KeyError) as error:
-        warnings.warn(
-            f"The checkpoint state file {target!r} cannot be read ({error}); it is ignored, as "
-            f"TensorFlow ignores it: no earlier checkpoint is known in {directory!r}.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return None
+    except ValueError as error:
+        return f"a timestamp is not a number: {error}"
+    if any(p is None for p in paths) or (stamps and len(stamps) != len(paths)):
+        return "its paths and timestamps do not match"
+    return CheckpointState(str(path(latest[0])), [str(p) for p in paths], stamps, preserved[-1])
