@@ -16,6 +16,14 @@ N is the replica count of the replica context (TF's `_get_num_replicas_in_sync`)
 `strategy.run` the strategy's `num_replicas_in_sync`; in cross-replica context (allowed only
 with `global_batch_size`) the current strategy's; outside every scope 1, so on one device the
 functions are plain averages.
+
+Note [Outside run]: on engines and under torchrun, nbdist also averages the gradients of a
+backward made outside `strategy.run` (the DDP-style step at the top of a `%%distribute` cell
+or a script), where TF's context rules say N = 1. With `global_batch_size=None` that is still
+right: each worker's loss is its own batch's mean, and the average of the workers' gradients is
+the global mean's. With `global_batch_size` given, each worker's loss is its share of the global
+mean, so its gradient is scaled by the number of workers the averaging runs over (the process's
+`MultiWorkerMirroredStrategy`), as inside `run`. The value stays TensorFlow's either way.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Any
 
 import torch
 
+from nbdist import context
 from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
 from nbdist.strategies.current import (
     get_replica_context,
@@ -34,6 +43,7 @@ from nbdist.strategies.current import (
     has_strategy,
     in_cross_replica_context,
 )
+from nbdist.strategies.multi_worker import live_multi_worker_strategy
 
 __all__ = ["compute_average_loss", "scale_regularization_loss"]
 
@@ -59,13 +69,23 @@ def _scale_gradient(value: torch.Tensor, factor: int) -> torch.Tensor:
 
 
 def _replicas_in_sync() -> int:
-    """The replica count the gradients are averaged over, as TensorFlow finds it."""
+    """The replica count, as TensorFlow finds it: the replica context's, else the current
+    strategy's, else 1."""
     replica = get_replica_context()
     if replica is not None:
         return int(replica.num_replicas_in_sync)
     if has_strategy():
         return int(get_strategy().num_replicas_in_sync)
     return 1
+
+
+def _workers_averaged_outside_run() -> int:
+    """Outside every scope and `run`: how many workers a backward's gradients are averaged
+    over (this process's `MultiWorkerMirroredStrategy`, Note [Outside run]), else 1."""
+    if context.current_replica_context() is not None or has_strategy():
+        return 1
+    strategy = live_multi_worker_strategy()
+    return int(strategy.num_replicas_in_sync) if strategy is not None else 1
 
 
 def _as_loss_tensor(value: Any, name: str, function: str) -> torch.Tensor:
@@ -148,7 +168,9 @@ def compute_average_loss(
     does: the value is TensorFlow's (so `strategy.reduce("sum", losses, axis=None)` is the
     global-batch mean loss), and after nbdist averages the replicas' gradients the step is
     the one-device step on the mean over the global batch (Note [Averaged, not summed]: the
-    returned loss's gradient is `num_replicas_in_sync` times that of its value).
+    returned loss's gradient is `num_replicas_in_sync` times that of its value). Outside
+    `run`, on engines or under torchrun, where nbdist averages a backward's gradients over the
+    workers too, a given `global_batch_size` is scaled for that averaging (Note [Outside run]).
 
     Args:
         per_example_loss: One loss per example (rank 1 or more: `reduction="none"` of a
@@ -199,6 +221,8 @@ def compute_average_loss(
     else:
         batch = _checked_batch_size(global_batch_size)
         replicas = _replicas_in_sync()
+        if replicas == 1:
+            replicas = _workers_averaged_outside_run()
         _warn_if_larger_than_global(per_example_loss.shape[0], batch, replicas)
     total = per_example_loss.sum()
     loss = total / batch if batch else total * 0  # TF's div_no_nan: 0 for an empty batch

@@ -66,6 +66,17 @@ for x, y in dataset:
     out["losses"].append(float(strategy.reduce("sum", loss, axis=None)))
     out["grads"].append(grads)
 out["params"] = [p.detach().tolist() for p in model.parameters()]
+
+# Outside run (a DDP-style step at the top of a script), where nbdist averages a backward over
+# the workers too: with global_batch_size the gradient is scaled by the 2 workers, without it
+# the loss is the worker's own mean (TF's one-replica default context).
+w = torch.ones(1, requires_grad=True)
+local = torch.arange(1.0, 5.0) + 4 * strategy.cluster_resolver.task_id   # [1..4] | [5..8]
+nd.compute_average_loss(w * local, global_batch_size=8).backward()
+out["outside_run_grad_given"] = w.grad.item()
+w.grad = None
+nd.compute_average_loss(w * local).backward()
+out["outside_run_grad_default"] = w.grad.item()
 strategy.shutdown()
 report(out)
 """
@@ -139,3 +150,14 @@ def test_the_formula_written_out_gives_half_the_gradient(workers):
     for worker in workers:
         for got, want in zip(worker["literal_grads"], reference["grads"][0]):
             _close(got, want, scale=0.5)
+
+
+def test_outside_run_a_given_global_batch_size_is_scaled_for_the_workers_averaging(workers):
+    """Worker r's loss is sum(x_r) / 8; nbdist averages the 2 workers' gradients, so each must
+    be 2 * sum(x_r) / 8 for the average to be the global mean's (sum(1..8) / 8 = 4.5)."""
+    first, second = workers
+    assert first["outside_run_grad_given"] == 2 * (1 + 2 + 3 + 4) / 8
+    assert second["outside_run_grad_given"] == 2 * (5 + 6 + 7 + 8) / 8
+    assert (first["outside_run_grad_given"] + second["outside_run_grad_given"]) / 2 == 4.5
+    assert first["outside_run_grad_default"] == 2.5  # the worker's own mean: 2.5 | 6.5
+    assert second["outside_run_grad_default"] == 6.5
