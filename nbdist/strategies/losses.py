@@ -107,6 +107,12 @@ def _as_loss_tensor(value: Any, name: str, function: str) -> torch.Tensor:
     return tensor
 
 
+_ORDER = (
+    "(The second positional argument is global_batch_size; TensorFlow's is sample_weight: "
+    "pass sample_weight=... by name.)"
+)
+
+
 def _checked_batch_size(global_batch_size: Any) -> int:
     """A non-negative integer (a Python int or an integer scalar tensor), as TF asserts."""
     value = global_batch_size
@@ -114,18 +120,20 @@ def _checked_batch_size(global_batch_size: Any) -> int:
         if value.dim() != 0:
             raise InvalidArgumentError(
                 f"compute_average_loss: global_batch_size must be a scalar, got a tensor of "
-                f"shape {tuple(value.shape)}. Pass the number of examples in one global batch."
+                f"shape {tuple(value.shape)}. Pass the number of examples in one global "
+                f"batch. {_ORDER}"
             )
         if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
             raise ArgumentTypeError(
                 f"compute_average_loss: global_batch_size must be an integer, got a {value.dtype} "
-                "tensor. Pass an int, such as GLOBAL_BATCH_SIZE = 64."
+                f"tensor. Pass an int, such as GLOBAL_BATCH_SIZE = 64. {_ORDER}"
             )
         value = int(value.item())
     elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ArgumentTypeError(
             f"compute_average_loss: global_batch_size must be an integer, got "
-            f"{type(value).__name__} {value!r}. Pass an int, such as GLOBAL_BATCH_SIZE = 64."
+            f"{type(value).__name__} {value!r}. Pass an int, such as GLOBAL_BATCH_SIZE = 64. "
+            f"{_ORDER}"
         )
     value = int(value)
     if value < 0:

@@ -264,6 +264,15 @@ def test_global_batch_size_must_be_an_integer(bad):
     assert isinstance(info.value, TypeError) and "GLOBAL_BATCH_SIZE = 64" in str(info.value)
 
 
+def test_sample_weight_in_tensorflows_position_is_refused_naming_the_order():
+    """TF's second positional argument is sample_weight; API.md's is global_batch_size."""
+    for weights in ([0.3, 0.5, 0.2], torch.tensor([0.3, 0.5, 0.2]), 0.5):
+        with pytest.raises(
+            (ArgumentTypeError, InvalidArgumentError), match=r"sample_weight=\.\.\. by name"
+        ):
+            nd.compute_average_loss(torch.tensor([2.0, 4.0, 6.0]), weights)
+
+
 def test_global_batch_size_as_an_integer_tensor_is_accepted():
     loss = nd.compute_average_loss(torch.ones(4), global_batch_size=torch.tensor(8))
     assert loss.item() == 0.5
