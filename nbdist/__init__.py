@@ -53,6 +53,7 @@ from nbdist.strategies.current import (
     has_strategy,
     in_cross_replica_context,
 )
+from nbdist.strategies.losses import compute_average_loss, scale_regularization_loss
 from nbdist.values import DistributedValues, Mirrored, PerReplica
 from nbdist.variables import (
     MirroredVariable,
@@ -115,6 +116,7 @@ __all__ = [
     "WorkerLostError",
     "checkpoint",
     "cluster_resolver",
+    "compute_average_loss",
     "dashboard",
     "errors",
     "experimental",
@@ -128,5 +130,6 @@ __all__ = [
     "log",
     "progress",
     "remote",
+    "scale_regularization_loss",
     "unload_ipython_extension",
 ]
