@@ -7,6 +7,7 @@ Imports core modules only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from nbdist import context
 from nbdist.cross_device_ops import resolve_destinations
 from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
 from nbdist.placement import WorkerCommunication
-from nbdist.reduce import ReduceOp
+from nbdist.reduce import ReduceOp, refuse_bool
 from nbdist.values import DistributedValues, Mirrored, regroup, select_replica
 
 __all__ = ["batch_reduce_to", "gather_value", "reduce_to", "reduce_value", "update"]
@@ -65,6 +66,7 @@ def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: 
     n = placement.num_replicas_in_sync
     workers = placement.num_workers
     tensors, distributed = _components(value)
+    refuse_bool(op, tensors)  # Note [Bool reductions]
     distributed = distributed or workers > 1
     if axis is None:
         if not distributed:
@@ -91,9 +93,11 @@ def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: 
         return _mean(total, n) if op is ReduceOp.MEAN else total
     dim = _check_axis(axis, tensors, "reduce")
     if not distributed:
-        along = op.reduce_along(tensors[0], dim) if tensors[0].shape[dim] else None
+        if not tensors[0].shape[dim]:
+            return _empty_reduction(op, tensors[0], dim)
+        along = op.reduce_along(tensors[0], dim)
         if op is ReduceOp.SUM:
-            return along * n if along is not None else tensors[0].sum(dim=dim)
+            return along * n
         if op is ReduceOp.MEAN:
             return _mean(tensors[0].sum(dim=dim), tensors[0].shape[dim])
         return along
@@ -108,8 +112,7 @@ def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: 
     if workers > 1:
         return _reduce_along_across_workers(strategy, op, tensors[0], dim, partials, count)
     if not partials:
-        empty = tensors[0].sum(dim=dim)
-        return _mean(empty, 0) if op is ReduceOp.MEAN else empty
+        return _empty_reduction(op, tensors[0], dim)
     if op is ReduceOp.MEAN:
         return _mean(ReduceOp.SUM.combine(partials), count)
     return op.combine(partials)
@@ -135,16 +138,28 @@ def _reduce_along_across_workers(
             if total.is_floating_point()
             else (total.to(torch.get_default_dtype()) / counted)
         )
-    if partials:
-        local = op.combine(partials)
-    else:
-        local = torch.full_like(template, _identity(op, template.dtype))
+    local = op.combine(partials) if partials else _empty_reduction(op, like, dim)
     return strategy.across_workers(op, local)
 
 
 def _identity(op: ReduceOp, dtype: torch.dtype) -> float:
-    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    """MAX's or MIN's identity in `dtype`: what TensorFlow's `reduce_max`/`reduce_min` give for
+    no values (-inf/+inf for floats, the lowest/highest integer for integers)."""
+    if dtype.is_floating_point:
+        return -math.inf if op is ReduceOp.MAX else math.inf
+    info = torch.iinfo(dtype)
     return info.min if op is ReduceOp.MAX else info.max
+
+
+def _empty_reduction(op: ReduceOp, like: torch.Tensor, dim: int) -> torch.Tensor:
+    """The reduction of no values along `dim` (every replica's component is empty there), as
+    TensorFlow gives it: SUM 0, MEAN nan (0 / 0), MAX/MIN the op's identity (-inf/+inf)."""
+    template = like.sum(dim=dim)
+    if op is ReduceOp.MEAN:
+        return _mean(template, 0)
+    if op is ReduceOp.SUM:
+        return template
+    return torch.full_like(template, _identity(op, like.dtype), dtype=like.dtype)
 
 
 def _mean(total: torch.Tensor, count: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ from nbdist.errors import (
     InvalidArgumentError,
     ReplicaReleasedError,
 )
-from nbdist.reduce import ReduceOp
+from nbdist.reduce import ReduceOp, refuse_bool
 from nbdist.strategies._compiled import (
     ParameterInRunError,
     clear_gradients_eagerly,
@@ -248,6 +248,7 @@ class LocalStrategy(Strategy):
         tensors = [
             leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf) for leaf in leaves
         ]
+        refuse_bool(op, tensors)  # Note [Bool reductions]
         if len(self._devices) == 1:
             return value
         ops = self._cross_ops()

@@ -32,7 +32,7 @@ from nbdist.errors import (
     CollectiveMismatchError,
     InvalidArgumentError,
 )
-from nbdist.reduce import ReduceOp
+from nbdist.reduce import ReduceOp, refuse_bool
 from nbdist.strategies._compiled import translate_compile_error
 from nbdist.strategies._grad_buckets import GradientBuckets
 from nbdist.strategies.base import ReplicaContext, Strategy
@@ -297,7 +297,10 @@ class MultiWorkerMirroredStrategy(Strategy):
         return self._communication_options(options).compression
 
     def _replica_all_reduce(self, ctx: ReplicaContext, op: ReduceOp, value: Any, options) -> Any:
-        if self._group is None:
+        if self._group is None:  # else the group refuses bools after the ranks agree
+            from nbdist._private_api import pytree
+
+            refuse_bool(op, [torch.as_tensor(leaf) for leaf in pytree.tree_leaves(value)])
             return value
         timeout, compression = None, self._options.compression
         if options is not None:
@@ -406,8 +409,12 @@ class _WorkerReduction(CrossDeviceOps):
 
     def _local(self, op: ReduceOp, value: Any) -> torch.Tensor:
         if isinstance(value, DistributedValues):
-            return op.combine([torch.as_tensor(v) for v in value.values])
-        return torch.as_tensor(value)
+            tensors = [torch.as_tensor(v) for v in value.values]
+            refuse_bool(op, tensors)  # Note [Bool reductions]
+            return op.combine(tensors)
+        tensor = torch.as_tensor(value)
+        refuse_bool(op, (tensor,))
+        return tensor
 
     def _reduce_tensors(self, op, tensors, destinations):
         local = op.combine(tensors) if len(tensors) > 1 else tensors[0]
