@@ -9,7 +9,7 @@ import torch
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 from nbdist.names import member_by_name
 
-__all__ = ["ReduceOp", "refuse_bool"]
+__all__ = ["ReduceOp", "as_reducible", "refuse_bool"]
 
 
 class ReduceOp(enum.Enum):
@@ -119,3 +119,32 @@ def refuse_bool(op: ReduceOp, tensors: list[torch.Tensor] | tuple[torch.Tensor, 
                 "`t.int()` with SUM counts the True values, `t.float()` with MEAN gives the "
                 "fraction that is True, and MAX/MIN of `t.int()` give any/all."
             )
+
+
+def as_reducible(value: object, what: str) -> torch.Tensor:
+    """`value` as a tensor for `what` (`"strategy.reduce"`, `"all_reduce"`, ...), or an
+    `InvalidArgumentError` naming the leaf's type and the fix (torch's own error, "Could not
+    infer dtype of NoneType", names neither).
+
+    Example:
+        >>> as_reducible(2.0, "strategy.reduce")
+        tensor(2.)
+        >>> try:
+        ...     as_reducible(None, "strategy.reduce")
+        ... except ValueError as err:
+        ...     str(err).split(":")[0]
+        'strategy.reduce cannot combine None (a NoneType)'
+    """
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(value)
+    except (RuntimeError, TypeError, ValueError):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise InvalidArgumentError(
+            f"{what} cannot combine {shown} (a {type(value).__name__}): it combines tensors "
+            "and numbers, leaf by leaf. Return tensors (or numbers) from the function given "
+            "to strategy.run, or pass only those parts of the result (e.g. "
+            "strategy.reduce(op, result['loss']) for a dict)."
+        ) from None

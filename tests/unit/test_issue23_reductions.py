@@ -121,3 +121,91 @@ def test_max_min_with_one_empty_replica_ignore_it():
                            torch.tensor([[-5, 7]], dtype=torch.int32)])  # fmt: skip
     assert strategy.reduce("max", value, axis=0).tolist() == [-5, 7]
     assert strategy.reduce("min", value, axis=0).tolist() == [-5, 7]
+
+
+# --- clear errors and TF's structure (issue 23, item 9) --------------------------------------
+
+
+class _Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("result", "shown"),
+    [
+        (lambda: None, "None (a NoneType)"),
+        (lambda: {"loss": torch.tensor(1.0), "extra": None}, "None (a NoneType)"),
+        (lambda: _Opaque(), "(a _Opaque)"),
+    ],
+)
+def test_reduce_of_a_leaf_that_is_no_tensor_names_it_and_the_fix(result, shown):
+    strategy = nd.MirroredStrategy(TWO)
+    value = strategy.run(result)
+    with pytest.raises(nd.errors.InvalidArgumentError) as info:
+        strategy.reduce("sum", value, axis=None)
+    message = str(info.value)
+    assert "strategy.reduce cannot combine " in message and shown in message
+    assert "strategy.reduce(op, result['loss'])" in message
+
+
+def test_gather_of_a_none_component_names_it():
+    strategy = nd.MirroredStrategy(TWO)
+    with pytest.raises(ValueError, match=r"strategy.gather cannot combine None \(a NoneType\)"):
+        strategy.gather(nd.PerReplica([torch.ones(1), None]), axis=0)
+
+
+@pytest.mark.parametrize("strategy", [nd.MirroredStrategy(TWO), nd.OneDeviceStrategy("cpu")],
+                         ids=repr)  # fmt: skip
+def test_all_reduce_of_none_names_it(strategy):
+    def step():
+        return nd.get_replica_context().all_reduce("sum", [torch.ones(1), None])
+
+    with pytest.raises(ValueError, match=r"all_reduce cannot combine None \(a NoneType\)"):
+        strategy.run(step)
+
+
+def test_distribute_values_from_function_returning_a_dict_gives_a_dict_of_per_replica():
+    strategy = nd.MirroredStrategy(TWO)
+    value = strategy.experimental_distribute_values_from_function(
+        lambda ctx: {"x": torch.tensor(float(ctx.replica_id_in_sync_group)), "n": 2}
+    )
+    assert type(value) is dict and sorted(value) == ["n", "x"]
+    assert isinstance(value["x"], nd.PerReplica) and isinstance(value["n"], nd.PerReplica)
+    assert strategy.experimental_local_results(value["n"]) == (2, 2)
+    reduced = strategy.reduce("sum", value, axis=None)
+    assert reduced["x"].item() == 1.0 and reduced["n"].item() == 4
+    doubled = strategy.run(lambda v: v["x"] * 2, args=(value,))
+    assert [t.item() for t in strategy.experimental_local_results(doubled)] == [0.0, 2.0]
+    pairs = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (ctx.replica_id_in_sync_group, [torch.ones(1)])
+    )
+    assert type(pairs) is tuple and isinstance(pairs[0], nd.PerReplica)
+    assert isinstance(pairs[1][0], nd.PerReplica)
+
+
+@pytest.mark.parametrize("axis", [True, False])
+def test_a_bool_axis_is_refused_not_taken_as_0_or_1(axis):
+    strategy = nd.MirroredStrategy(TWO)
+    value = strategy.run(lambda: torch.ones(2, 2))
+    expected = rf"reduce needs an int axis or None, got {axis} \(a bool\)"
+    with pytest.raises(TypeError, match=expected):
+        strategy.reduce("sum", value, axis=axis)
+    with pytest.raises(nd.errors.ArgumentTypeError, match=rf"gather needs an int axis, got {axis}"):
+        strategy.gather(value, axis=axis)
+    with pytest.raises(TypeError, match=rf"all_gather needs an int axis, got {axis}"):
+        strategy.run(lambda: nd.get_replica_context().all_gather(torch.ones(2, 2), axis))
+
+
+def test_per_replica_with_more_components_than_replicas_is_refused_by_run():
+    strategy = nd.MirroredStrategy(TWO)
+    three = nd.PerReplica([torch.tensor(0), torch.tensor(1), torch.tensor(2)])
+    with pytest.raises(ValueError, match=r"PerReplica with 3 components .* 2 replica\(s\)"):
+        strategy.run(lambda x: x, args=(three,))
+    one_device = nd.OneDeviceStrategy("cpu")
+    with pytest.raises(nd.errors.InvalidArgumentError, match="with 2 components"):
+        one_device.run(lambda x: x, kwargs={"x": nd.PerReplica([1, 2])})
+    # one component goes to every replica; as many as the replicas, one each
+    assert strategy.experimental_local_results(
+        strategy.run(lambda x: x + 1, args=(nd.PerReplica([5]),))) == (6,)
+    assert strategy.experimental_local_results(
+        strategy.run(lambda x: x + 1, args=(nd.PerReplica([5, 7]),))) == (6, 8)
