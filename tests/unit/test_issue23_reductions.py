@@ -209,3 +209,19 @@ def test_per_replica_with_more_components_than_replicas_is_refused_by_run():
         strategy.run(lambda x: x + 1, args=(nd.PerReplica([5]),))) == (6,)
     assert strategy.experimental_local_results(
         strategy.run(lambda x: x + 1, args=(nd.PerReplica([5, 7]),))) == (6, 8)
+
+
+def test_the_strategy_inside_a_parameter_server_function_reduces_by_the_same_rules():
+    from nbdist.strategies.parameter_server.worker_task import WorkerStrategy
+
+    strategy = WorkerStrategy()  # what `strategy` is inside a function run on a ps worker
+    with pytest.raises(TypeError, match="Cannot reduce a bool tensor with SUM"):
+        strategy.reduce("sum", torch.tensor([True, False]), axis=0)
+    with pytest.raises(TypeError, match="Cannot reduce a bool tensor with MEAN"):
+        strategy.reduce("mean", {"flags": torch.tensor([True])}, axis=None)
+    with pytest.raises(TypeError, match=r"got True \(a bool\)"):
+        strategy.reduce("sum", torch.ones(2, 2), axis=True)
+    assert strategy.reduce("max", torch.zeros(0, 2), axis=0).tolist() == [-math.inf] * 2
+    mean = strategy.reduce("mean", torch.tensor([1, 2]), axis=0)
+    assert mean.dtype == torch.float32 and mean.item() == 1.5
+    assert strategy.reduce("sum", {"loss": torch.tensor(3.0)}, axis=None)["loss"].item() == 3.0
