@@ -223,6 +223,19 @@ def test_integer_sum_sync_on_read_keeps_its_exact_aggregate(tmp_path, before, af
     assert int(restored.read_value()) == 5
 
 
+def test_integer_sum_sync_on_read_restored_inside_run_keeps_its_total(tmp_path):
+    # Inside strategy.run (as a %%distribute cell on engines) each replica restores its share.
+    three = nd.MirroredStrategy(_devices(3))
+    with three.scope():
+        saved = nd.Variable(0, synchronization="ON_READ", aggregation="SUM", dtype=torch.int64)
+        restored = nd.Variable(0, synchronization="ON_READ", aggregation="SUM", dtype=torch.int64)
+    saved.assign(11)
+    path = nd.checkpoint.save(tmp_path / "c.pt", seen=saved)
+    three.run(lambda: nd.checkpoint.restore(path, seen=restored))
+    assert [int(c.value()) for c in restored.values] == [5, 3, 3]
+    assert int(restored.read_value()) == 11
+
+
 def test_float_sum_sync_on_read_assign_is_still_an_even_split():
     strategy = nd.MirroredStrategy(_devices(2))
     with strategy.scope():
