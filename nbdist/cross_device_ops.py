@@ -17,7 +17,7 @@ from nbdist._private_api import foreach
 from nbdist.communication import CommunicationOptions
 from nbdist.devices import canonical_devices, physical_device
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
-from nbdist.reduce import ReduceOp
+from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
 from nbdist.telemetry import Telemetry
 from nbdist.values import DistributedValues, Mirrored
 
@@ -175,10 +175,12 @@ class CrossDeviceOps:
 
     def _components(self, op: ReduceOp, value: Any) -> list[torch.Tensor]:
         if isinstance(value, DistributedValues):
-            tensors = [torch.as_tensor(v) for v in value.values]
+            tensors = [as_reducible(v, "reduce_to") for v in value.values]
+            refuse_bool(op, tensors)  # Note [Bool reductions]
             _check_same_shapes(tensors)
             return tensors
-        tensor = torch.as_tensor(value)
+        tensor = as_reducible(value, "reduce_to")
+        refuse_bool(op, (tensor,))
         if op is ReduceOp.SUM and self._num_replicas_hint > 1:
             raise InvalidArgumentError(
                 f"A plain tensor cannot be SUM-reduced over {self._num_replicas_hint} replicas: "

@@ -6,10 +6,10 @@ import enum
 
 import torch
 
-from nbdist.errors import InvalidArgumentError
+from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 from nbdist.names import member_by_name
 
-__all__ = ["ReduceOp"]
+__all__ = ["ReduceOp", "as_reducible", "refuse_bool"]
 
 
 class ReduceOp(enum.Enum):
@@ -91,3 +91,60 @@ def _fold(binary, tensors: list[torch.Tensor]) -> torch.Tensor:
     if len(tensors) == 1:
         result = result.clone()
     return result
+
+
+def refuse_bool(op: ReduceOp, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> None:
+    """Raise `ArgumentTypeError` when any of `tensors` is a bool tensor.
+
+    Note [Bool reductions]: TensorFlow refuses to reduce bool values across replicas (its
+    `add_n`, `reduce_sum` and collective kernels take numbers only), and a bool `SUM` or `MEAN`
+    has no single meaning (a logical OR, or a count?). nbdist refuses them too, with the same
+    error on every strategy and path (in-process and across workers, `reduce`, `all_reduce`,
+    `reduce_to`, the notebook's `cluster.strategy.reduce`), before any value is combined; the
+    message gives the conversion for each meaning.
+
+    Example:
+        >>> refuse_bool(ReduceOp.SUM, [torch.ones(2)])  # numbers pass
+        >>> try:
+        ...     refuse_bool(ReduceOp.SUM, [torch.tensor([True])])
+        ... except TypeError as err:
+        ...     str(err).split(":")[0]
+        'Cannot reduce a bool tensor with SUM'
+    """
+    for tensor in tensors:
+        if tensor.dtype is torch.bool:
+            raise ArgumentTypeError(
+                f"Cannot reduce a bool tensor with {op.value}: TensorFlow refuses bool values "
+                "in cross-replica reductions, and so does nbdist. Convert it first: "
+                "`t.int()` with SUM counts the True values, `t.float()` with MEAN gives the "
+                "fraction that is True, and MAX/MIN of `t.int()` give any/all."
+            )
+
+
+def as_reducible(value: object, what: str) -> torch.Tensor:
+    """`value` as a tensor for `what` (`"strategy.reduce"`, `"all_reduce"`, ...), or an
+    `InvalidArgumentError` naming the leaf's type and the fix (torch's own error, "Could not
+    infer dtype of NoneType", names neither).
+
+    Example:
+        >>> as_reducible(2.0, "strategy.reduce")
+        tensor(2.)
+        >>> try:
+        ...     as_reducible(None, "strategy.reduce")
+        ... except ValueError as err:
+        ...     str(err).split(":")[0]
+        'strategy.reduce cannot combine None (a NoneType)'
+    """
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(value)
+    except (RuntimeError, TypeError, ValueError):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise InvalidArgumentError(
+            f"{what} cannot combine {shown} (a {type(value).__name__}): it combines tensors "
+            "and numbers, leaf by leaf. Return tensors (or numbers) from the function given "
+            "to strategy.run, or pass only those parts of the result (e.g. "
+            "strategy.reduce(op, result['loss']) for a dict)."
+        ) from None

@@ -7,6 +7,7 @@ Imports core modules only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,27 +17,55 @@ from nbdist import context
 from nbdist.cross_device_ops import resolve_destinations
 from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
 from nbdist.placement import WorkerCommunication
-from nbdist.reduce import ReduceOp
+from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
 from nbdist.values import DistributedValues, Mirrored, regroup, select_replica
 
-__all__ = ["batch_reduce_to", "gather_value", "reduce_to", "reduce_value", "update"]
+__all__ = [
+    "batch_reduce_to", "check_axis_argument", "gather_value", "reduce_to", "reduce_value",
+    "update",
+]  # fmt: skip
 
 
-def _as_tensor(value: Any) -> torch.Tensor:
+def check_axis_argument(axis: Any, what: str, *, optional: bool) -> None:
+    """Raise `ArgumentTypeError` unless `axis` is an int (or None when `optional`).
+
+    A bool is refused although Python counts it as an int: `axis=True` would silently mean
+    axis 1.
+
+    Example:
+        >>> check_axis_argument(0, "reduce", optional=True)
+        >>> try:
+        ...     check_axis_argument(True, "reduce", optional=True)
+        ... except TypeError as err:
+        ...     str(err).split(";")[0]
+        'reduce needs an int axis or None, got True (a bool)'
+    """
+    if (axis is None and optional) or (isinstance(axis, int) and not isinstance(axis, bool)):
+        return
+    kind = "an int axis or None" if optional else "an int axis"
+    got = f"{axis!r} (a bool)" if isinstance(axis, bool) else repr(axis)
+    raise ArgumentTypeError(
+        f"{what} needs {kind}, got {got}; pass the dimension as a number, e.g. axis=0 for "
+        "the batch dimension" + (", or axis=None to reduce across replicas only." if optional
+                                 else ".")
+    )  # fmt: skip
+
+
+def _as_tensor(value: Any, what: str) -> torch.Tensor:
     read = getattr(value, "read_value", None)
     if read is not None and not isinstance(value, torch.Tensor):
         value = read()
-    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    return value if isinstance(value, torch.Tensor) else as_reducible(value, what)
 
 
 def _caller_device() -> torch.device:
     return torch.get_default_device()
 
 
-def _components(value: Any) -> tuple[list[torch.Tensor], bool]:
+def _components(value: Any, what: str) -> tuple[list[torch.Tensor], bool]:
     if isinstance(value, DistributedValues):
-        return [_as_tensor(c).to(_caller_device()) for c in value.values], True
-    return [_as_tensor(value).to(_caller_device())], False
+        return [_as_tensor(c, what).to(_caller_device()) for c in value.values], True
+    return [_as_tensor(value, what).to(_caller_device())], False
 
 
 def _check_axis(axis: int, tensors: list[torch.Tensor], what: str) -> int:
@@ -61,10 +90,12 @@ def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: 
     In a multi-worker strategy a plain value is this worker's replica's component, and the
     local result is combined across workers (`strategy.across_workers`).
     """
+    check_axis_argument(axis, "reduce", optional=True)
     placement = strategy.placement
     n = placement.num_replicas_in_sync
     workers = placement.num_workers
-    tensors, distributed = _components(value)
+    tensors, distributed = _components(value, "strategy.reduce")
+    refuse_bool(op, tensors)  # Note [Bool reductions]
     distributed = distributed or workers > 1
     if axis is None:
         if not distributed:
@@ -91,9 +122,11 @@ def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: 
         return _mean(total, n) if op is ReduceOp.MEAN else total
     dim = _check_axis(axis, tensors, "reduce")
     if not distributed:
-        along = op.reduce_along(tensors[0], dim) if tensors[0].shape[dim] else None
+        if not tensors[0].shape[dim]:
+            return _empty_reduction(op, tensors[0], dim)
+        along = op.reduce_along(tensors[0], dim)
         if op is ReduceOp.SUM:
-            return along * n if along is not None else tensors[0].sum(dim=dim)
+            return along * n
         if op is ReduceOp.MEAN:
             return _mean(tensors[0].sum(dim=dim), tensors[0].shape[dim])
         return along
@@ -108,8 +141,7 @@ def reduce_value(strategy: WorkerCommunication, op: ReduceOp, value: Any, axis: 
     if workers > 1:
         return _reduce_along_across_workers(strategy, op, tensors[0], dim, partials, count)
     if not partials:
-        empty = tensors[0].sum(dim=dim)
-        return _mean(empty, 0) if op is ReduceOp.MEAN else empty
+        return _empty_reduction(op, tensors[0], dim)
     if op is ReduceOp.MEAN:
         return _mean(ReduceOp.SUM.combine(partials), count)
     return op.combine(partials)
@@ -135,16 +167,28 @@ def _reduce_along_across_workers(
             if total.is_floating_point()
             else (total.to(torch.get_default_dtype()) / counted)
         )
-    if partials:
-        local = op.combine(partials)
-    else:
-        local = torch.full_like(template, _identity(op, template.dtype))
+    local = op.combine(partials) if partials else _empty_reduction(op, like, dim)
     return strategy.across_workers(op, local)
 
 
 def _identity(op: ReduceOp, dtype: torch.dtype) -> float:
-    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    """MAX's or MIN's identity in `dtype`: what TensorFlow's `reduce_max`/`reduce_min` give for
+    no values (-inf/+inf for floats, the lowest/highest integer for integers)."""
+    if dtype.is_floating_point:
+        return -math.inf if op is ReduceOp.MAX else math.inf
+    info = torch.iinfo(dtype)
     return info.min if op is ReduceOp.MAX else info.max
+
+
+def _empty_reduction(op: ReduceOp, like: torch.Tensor, dim: int) -> torch.Tensor:
+    """The reduction of no values along `dim` (every replica's component is empty there), as
+    TensorFlow gives it: SUM 0, MEAN nan (0 / 0), MAX/MIN the op's identity (-inf/+inf)."""
+    template = like.sum(dim=dim)
+    if op is ReduceOp.MEAN:
+        return _mean(template, 0)
+    if op is ReduceOp.SUM:
+        return template
+    return torch.full_like(template, _identity(op, like.dtype), dtype=like.dtype)
 
 
 def _mean(total: torch.Tensor, count: int) -> torch.Tensor:
@@ -155,15 +199,14 @@ def _mean(total: torch.Tensor, count: int) -> torch.Tensor:
 
 def gather_value(strategy: WorkerCommunication, value: Any, axis: int) -> torch.Tensor:
     """`Strategy.gather` for one leaf (across workers too, lengths along `axis` may differ)."""
-    if not isinstance(axis, int):
-        raise ArgumentTypeError(f"gather needs an int axis, got {axis!r}.")
+    check_axis_argument(axis, "gather", optional=False)
     placement = strategy.placement
     if not isinstance(value, DistributedValues) and placement.num_workers == 1:
         # As TensorFlow's MirroredStrategy: a value that is not distributed comes back as it is
         # (one copy, not one per replica). Across workers a plain value is this worker's
         # component, gathered as TF's CollectiveAllReduce does.
         return value
-    tensors, _ = _components(value)
+    tensors, _ = _components(value, "strategy.gather")
     dim = _check_axis(axis, tensors, "gather")
     rest = {tuple(t.shape[:dim] + t.shape[dim + 1 :]) for t in tensors}
     if len(rest) > 1:

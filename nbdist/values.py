@@ -215,11 +215,19 @@ def _is_distributed_variable(value: Any) -> bool:
     return getattr(value, "_is_distributed_variable", False)
 
 
-def select_replica(local_index: int, structure: Any, *, unwrap_variables: bool = False) -> Any:
+def select_replica(
+    local_index: int,
+    structure: Any,
+    *,
+    unwrap_variables: bool = False,
+    replicas: int | None = None,
+) -> Any:
     """Replace every `DistributedValues` in a nested structure by one replica's component.
 
     Distributed variables are kept whole (they resolve to the local component when read in
     replica context) unless `unwrap_variables` is set, as `StrategyExtended.update` needs.
+    With `replicas` (the arguments of `strategy.run`), a value whose number of components is
+    neither 1 nor `replicas` raises `InvalidArgumentError` instead of losing components.
 
     Example:
         >>> select_replica(1, {"x": PerReplica([1, 2]), "y": 3})
@@ -244,7 +252,16 @@ def select_replica(local_index: int, structure: Any, *, unwrap_variables: bool =
         if isinstance(value, DistributedValues) and (
             unwrap_variables or not _is_distributed_variable(value)
         ):
-            return value.values[local_index] if len(value.values) > 1 else value.values[0]
+            count = len(value.values)
+            if replicas is not None and count not in (1, replicas):
+                raise InvalidArgumentError(
+                    f"A {type(value).__name__} with {count} components was passed to "
+                    f"strategy.run, but the strategy has {replicas} replica(s) here. Pass one "
+                    "component per replica, in replica order (e.g. a value made by this "
+                    "strategy's experimental_distribute_values_from_function), or a plain value "
+                    "that every replica gets."
+                )
+            return value.values[local_index] if count > 1 else value.values[0]
         return value
 
     return pytree.tree_map(pick, structure, is_leaf=lambda v: isinstance(v, DistributedValues))
@@ -261,11 +278,14 @@ def regroup(
     replica_ids: Sequence[int] | None = None,
     devices: Sequence[str] | None = None,
     kind: type[DistributedValues] | None = None,
+    always_wrap: bool = False,
 ) -> Any:
     """Merge the replicas' nested results leaf by leaf.
 
-    A leaf that is the identical object on every replica is returned as itself; otherwise the
-    replicas' leaves become one `PerReplica`. With one replica the result is returned as it is.
+    A leaf that is the identical object on every replica is returned as itself (with
+    `always_wrap`, it too becomes a distributed value, as TF's `regroup(always_wrap=True)`);
+    otherwise the replicas' leaves become one `PerReplica`. With one replica the result is
+    returned as it is.
 
     Raises:
         ValueError: the replicas returned differently shaped structures.
@@ -292,7 +312,7 @@ def regroup(
     leaves = []
     for components in zip(*columns):
         first = components[0]
-        if all(c is first for c in components):
+        if not always_wrap and all(c is first for c in components):
             leaves.append(first)
         else:
             leaves.append(

@@ -559,10 +559,27 @@ class SyncOnReadVariable(DistributedVariable):
                     f"{method} in cross-replica context (as in TensorFlow): the increment would "
                     "be counted once per replica. Use assign, or do it inside strategy.run."
                 )
-            value = _as_tensor(value) / self._strategy.num_replicas_in_sync
+            ids = self._strategy._local_replica_ids
+            for replica_id, component in zip(ids, self._values):
+                component._write(self._sum_share(value, replica_id), method)
+            return self
         for component in self._values:
             component._write(value, method)
         return self
+
+    def _sum_share(self, value: Any, replica_id: int) -> torch.Tensor:
+        """Replica `replica_id`'s share of the SUM aggregate `value`, so that the shares add up
+        to `value` exactly: a floating value is divided evenly (as TensorFlow does); an
+        integer one is split as `value // n` each, plus the remainder on replica 0 (an even
+        split, rounded, lost the remainder: 9 over 2 replicas read back 8)."""
+        n = self._strategy.num_replicas_in_sync
+        dtype = self.primary.dtype
+        tensor = _as_tensor(value)
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            return tensor / n
+        tensor = tensor.to(dtype)
+        share = torch.div(tensor, n, rounding_mode="floor")
+        return share + (tensor - share * n) if replica_id == 0 else share
 
     def _restore(self, value: Any) -> None:
         component = self._component_for_replica()
@@ -570,7 +587,9 @@ class SyncOnReadVariable(DistributedVariable):
             self._write(value, "assign")
             return
         if self._aggregation is VariableAggregation.SUM:
-            value = _as_tensor(value) / self._strategy.num_replicas_in_sync
+            replica = context.current_replica_context()
+            replica_id = replica.replica_id_in_sync_group if replica is not None else 0
+            value = self._sum_share(value, replica_id)
         component._write(value, "assign")
 
     def _checkpoint_value(self) -> torch.Tensor:

@@ -254,8 +254,7 @@ class EngineStrategy:
         from nbdist import reduction
 
         op = ReduceOp.from_value(reduce_op)
-        if axis is not None and not isinstance(axis, int):
-            raise ArgumentTypeError(f"axis must be an int or None, got {axis!r}.")
+        reduction.check_axis_argument(axis, "reduce", optional=True)
         replicas = self._client_workers()
         return pytree.tree_map(
             lambda leaf: reduction.reduce_value(replicas, op, leaf, axis),

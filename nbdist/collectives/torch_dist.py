@@ -53,7 +53,7 @@ from nbdist.errors import (
     RendezvousError,
     WorkerLostError,
 )
-from nbdist.reduce import ReduceOp
+from nbdist.reduce import ReduceOp, refuse_bool
 from nbdist.telemetry import Telemetry
 
 __all__ = ["BIND_STORE_ENV", "DistGroup", "raised_in_torch_distributed"]
@@ -406,6 +406,9 @@ class DistGroup:
             return results
         if check:
             self.check(f"all_reduce:{op.value}", tensors, timeout=timeout, layout=key)
+        # After the check, so that every rank raises the same error (a rank whose dtype
+        # differs gets the mismatch error instead). Note [Bool reductions]
+        refuse_bool(op, tensors)
         start = time.perf_counter()
         results: list[Any] = [None] * len(tensors)
         by_dtype: dict[torch.dtype, list[int]] = {}

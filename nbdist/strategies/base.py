@@ -23,7 +23,7 @@ from nbdist.placement import Placement
 from nbdist.reduce import RESOLVED_OPS, ReduceOp
 from nbdist.strategies._compiled import collective_between_graphs
 from nbdist.telemetry import Telemetry
-from nbdist.values import DistributedValues, PerReplica, select_replica
+from nbdist.values import DistributedValues, regroup, select_replica
 
 __all__ = ["ReplicaContext", "Strategy", "StrategyExtended", "check_run_options"]
 
@@ -207,9 +207,9 @@ class Strategy:
             (tensor([3., 6.]), tensor(2.2500))
         """
         op = ReduceOp.from_value(reduce_op)
-        if axis is not None and not isinstance(axis, int):
-            raise ArgumentTypeError(f"axis must be an int or None, got {axis!r}.")
         from nbdist import reduction
+
+        reduction.check_axis_argument(axis, "reduce", optional=True)
 
         return pytree.tree_map(
             lambda leaf: reduction.reduce_value(self.extended, op, leaf, axis),
@@ -264,7 +264,12 @@ class Strategy:
         """Call `value_fn(ValueContext)` for each local replica and return the results.
 
         Returns:
-            A `PerReplica` (the plain value when there is one replica).
+            A `PerReplica` (the plain value when there is one replica). When `value_fn`
+            returns a structure (a dict, list, tuple), as in TensorFlow the structure comes
+            back with a `PerReplica` at each leaf, so `strategy.reduce` and `run` take it.
+
+        Raises:
+            ValueError: the replicas' values are differently structured.
 
         Example:
             >>> import nbdist as nd
@@ -272,6 +277,9 @@ class Strategy:
             >>> s.experimental_distribute_values_from_function(
             ...     lambda ctx: ctx.replica_id_in_sync_group)
             PerReplica:{0: 0, 1: 1}
+            >>> s.experimental_distribute_values_from_function(
+            ...     lambda ctx: {"id": ctx.replica_id_in_sync_group, "n": 2})
+            {'id': PerReplica:{0: 0, 1: 1}, 'n': PerReplica:{0: 2, 1: 2}}
         """
         from nbdist.input import ValueContext
 
@@ -281,7 +289,7 @@ class Strategy:
         ]
         if len(values) == 1:
             return values[0]
-        return PerReplica(values, replica_ids=ids, devices=self._devices)
+        return regroup(values, replica_ids=ids, devices=self._devices, always_wrap=True)
 
     def experimental_distribute_dataset(self, dataset: Iterable[Any], options: Any = None) -> Any:
         """Split every global batch of `dataset` over the replicas (see API §6)."""
@@ -591,6 +599,10 @@ class ReplicaContext:
 
         Context: replica. Hangs if: not every replica calls it (fails after the timeout).
         """
+        if type(axis) is bool:  # `axis=True` is not axis 1
+            from nbdist.reduction import check_axis_argument
+
+            check_axis_argument(axis, "all_gather", optional=False)
         return self._strategy._replica_all_gather(self, value, axis, options)
 
     @collective_between_graphs

@@ -29,7 +29,7 @@ from nbdist.errors import (
     InvalidArgumentError,
     ReplicaReleasedError,
 )
-from nbdist.reduce import ReduceOp
+from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
 from nbdist.strategies._compiled import (
     ParameterInRunError,
     clear_gradients_eagerly,
@@ -135,7 +135,10 @@ class LocalStrategy(Strategy):
             ctx = ReplicaContext(self, self._local_replica_ids[0], 0)
             try:
                 with context.enter_replica_context(ctx), self._replica_device(0):
-                    return fn(*select_replica(0, args), **select_replica(0, kwargs))
+                    return fn(
+                        *select_replica(0, args, replicas=1),
+                        **select_replica(0, kwargs, replicas=1),
+                    )
             except RuntimeError as error:
                 translated = translate_compile_error(error, ctx.replica_id_in_sync_group)
                 if translated is error:
@@ -185,7 +188,11 @@ class LocalStrategy(Strategy):
                 self._replica_device(k),
                 self._replica_view(k),
             ):
-                result = fn(*select_replica(k, args), **select_replica(k, kwargs))
+                count = len(self._devices)
+                result = fn(
+                    *select_replica(k, args, replicas=count),
+                    **select_replica(k, kwargs, replicas=count),
+                )
         except BaseException as error:
             error = translate_compile_error(error, ctx.replica_id_in_sync_group)
             self._group.replica_failed(k, error)
@@ -246,8 +253,10 @@ class LocalStrategy(Strategy):
     def _replica_all_reduce(self, ctx: ReplicaContext, op: ReduceOp, value: Any, options) -> Any:
         leaves, spec = pytree.tree_flatten(value)
         tensors = [
-            leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf) for leaf in leaves
+            leaf if isinstance(leaf, torch.Tensor) else as_reducible(leaf, "all_reduce")
+            for leaf in leaves
         ]
+        refuse_bool(op, tensors)  # Note [Bool reductions]
         if len(self._devices) == 1:
             return value
         ops = self._cross_ops()
@@ -304,7 +313,8 @@ class LocalStrategy(Strategy):
     def _replica_all_gather(self, ctx: ReplicaContext, value: Any, axis: int, options) -> Any:
         leaves, spec = pytree.tree_flatten(value)
         tensors = [
-            leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf) for leaf in leaves
+            leaf if isinstance(leaf, torch.Tensor) else as_reducible(leaf, "all_gather")
+            for leaf in leaves
         ]
         for tensor in tensors:
             if tensor.dim() == 0 or not -tensor.dim() <= axis < tensor.dim():

@@ -32,7 +32,7 @@ from nbdist.errors import (
     CollectiveMismatchError,
     InvalidArgumentError,
 )
-from nbdist.reduce import ReduceOp
+from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
 from nbdist.strategies._compiled import translate_compile_error
 from nbdist.strategies._grad_buckets import GradientBuckets
 from nbdist.strategies.base import ReplicaContext, Strategy
@@ -297,7 +297,10 @@ class MultiWorkerMirroredStrategy(Strategy):
         return self._communication_options(options).compression
 
     def _replica_all_reduce(self, ctx: ReplicaContext, op: ReduceOp, value: Any, options) -> Any:
-        if self._group is None:
+        if self._group is None:  # else the group refuses bools after the ranks agree
+            from nbdist._private_api import pytree
+
+            refuse_bool(op, [as_reducible(x, "all_reduce") for x in pytree.tree_leaves(value)])
             return value
         timeout, compression = None, self._options.compression
         if options is not None:
@@ -309,7 +312,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         from nbdist._private_api import pytree
 
         leaves, spec = pytree.tree_flatten(value)
-        tensors = [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in leaves]
+        tensors = [as_reducible(t, "all_reduce") for t in leaves]
         if not tensors:
             return value
         reduced = self._group.all_reduce(tensors, op, timeout=timeout, compression=compression)
@@ -321,7 +324,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         leaves, spec = pytree.tree_flatten(value)
         out = []
         for leaf in leaves:
-            tensor = leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf)
+            tensor = as_reducible(leaf, "all_gather")
             if tensor.dim() == 0 or not -tensor.dim() <= axis < tensor.dim():
                 raise InvalidArgumentError(
                     f"all_gather along axis {axis} needs values of rank > {axis}, got shape "
@@ -406,8 +409,12 @@ class _WorkerReduction(CrossDeviceOps):
 
     def _local(self, op: ReduceOp, value: Any) -> torch.Tensor:
         if isinstance(value, DistributedValues):
-            return op.combine([torch.as_tensor(v) for v in value.values])
-        return torch.as_tensor(value)
+            tensors = [as_reducible(v, "reduce_to") for v in value.values]
+            refuse_bool(op, tensors)  # Note [Bool reductions]
+            return op.combine(tensors)
+        tensor = as_reducible(value, "reduce_to")
+        refuse_bool(op, (tensor,))
+        return tensor
 
     def _reduce_tensors(self, op, tensors, destinations):
         local = op.combine(tensors) if len(tensors) > 1 else tensors[0]

@@ -264,6 +264,27 @@ def test_reduce_and_gather_in_the_notebook(cluster):
         strategy.reduce("sum", values, axis=None)
 
 
+def test_reduce_in_the_notebook_refuses_bools_and_bool_axes_and_reduces_empty_values(cluster):
+    # Issue 23: the notebook's reduce follows the same rules as the engines' strategy.
+    strategy = cluster.strategy
+    flags = strategy.run(add, args=(nd.PerReplica([torch.tensor([True, True]),
+                                                   torch.tensor([True, False])]), False),
+                         kwargs={"scale": True})  # fmt: skip
+    assert flags.values[1].dtype == torch.bool
+    with pytest.raises(TypeError, match=r"Cannot reduce a bool tensor with MEAN.*t.float\(\)"):
+        strategy.reduce("mean", flags, axis=None)
+    counts = strategy.run(add, args=(nd.PerReplica([torch.tensor([1, 1]), torch.tensor([1, 0])]),
+                                     0), kwargs={"scale": 1})  # fmt: skip
+    assert strategy.reduce("sum", counts, axis=None).tolist() == [2, 1]
+    with pytest.raises(TypeError, match=r"got True \(a bool\)"):
+        strategy.reduce("sum", counts, axis=True)
+    empty = strategy.run(add, args=(torch.zeros(0, 2), 0.0))
+    assert strategy.reduce("max", empty, axis=0).tolist() == [float("-inf")] * 2
+    assert strategy.reduce("min", empty, axis=0).tolist() == [float("inf")] * 2
+    with pytest.raises(ValueError, match=r"cannot combine None \(a NoneType\)"):
+        strategy.reduce("sum", nd.PerReplica([None, torch.ones(1)]))
+
+
 def test_an_error_on_one_engine_names_the_replica(cluster):
     with pytest.raises(RemoteError) as info:
         cluster.strategy.run(fail_on_replica_one, args=("the data ran dry",))

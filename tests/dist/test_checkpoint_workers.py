@@ -124,6 +124,18 @@ out["truncated"] = attempt(nd.checkpoint.restore, str(truncated), model=model)
 one_host = good if rank == 0 else str(folder / "elsewhere.pt")
 out["missing_on_one_worker"] = attempt(nd.checkpoint.restore, one_host, model=model)
 out["still_usable"] = attempt(nd.checkpoint.restore, good, model=model, total=total)
+# An integer SUM counter keeps its exact total through save, restore and assign (issue 23).
+with strategy.scope():
+    seen = nd.Variable(0, synchronization="ON_READ", aggregation="SUM", dtype=torch.int64)
+    restored = nd.Variable(0, synchronization="ON_READ", aggregation="SUM", dtype=torch.int64)
+strategy.run(lambda: seen.assign(4 + rank))  # 4 + 5 = 9 across the workers
+counted = str(folder / "counted.pt")
+nd.checkpoint.save(counted, seen=seen)
+nd.checkpoint.restore(counted, seen=restored)
+out["int_sum"] = {"saved": int(seen.read_value()), "restored": int(restored.read_value()),
+                  "component": strategy.run(lambda: int(restored.read_value()))}
+restored.assign(5)
+out["int_sum"]["assigned"] = int(restored.read_value())
 report(out)
 strategy.shutdown()
 """
@@ -254,6 +266,15 @@ def test_one_worker_writes_and_sync_on_read_values_are_aggregated(errors):
     assert [out["save"].get("ok") for out in errors] == [True, True]
     assert [out["writes"] for out in errors] == [1, 0]  # should_checkpoint: worker 0 only
     assert [out["saved_total"] for out in errors] == [3.0, 3.0]  # 1 + 2 across workers
+
+
+def test_integer_sum_sync_on_read_keeps_its_exact_total_across_workers(errors):
+    # 9 over 2 workers: 5 on replica 0 (the remainder), 4 on replica 1; assign(5) reads 5.
+    assert [out["int_sum"]["component"] for out in errors] == [5, 4]
+    for out in errors:
+        assert out["int_sum"] | {"component": None} == {
+            "saved": 9, "restored": 9, "assigned": 5, "component": None,
+        }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,23 @@ wide = strategy.run(lambda: torch.ones(2, 3 + rank))
 out["gather_across_workers"] = attempt(strategy.gather, wide, 0)
 out["batch_reduce_to"] = attempt(
     strategy.extended.batch_reduce_to, "sum", [(torch.ones(2 + rank), "cpu:0")])
+# Bool values are refused by every reduction, on every worker (Note [Bool reductions]).
+flags = lambda: torch.tensor([True, rank == 0])
+out["bool_all_reduce"] = attempt(run, lambda: ctx().all_reduce("sum", flags()))
+out["bool_all_reduce_nested"] = attempt(
+    run, lambda: ctx().all_reduce("mean", [torch.ones(3), torch.zeros(70000, dtype=torch.bool)]))
+out["bool_reduce"] = attempt(strategy.reduce, "mean", run(flags), None)
+out["bool_reduce_axis"] = attempt(strategy.reduce, "sum", run(flags), 0)
+out["bool_reduce_to"] = attempt(strategy.extended.reduce_to, "sum", run(flags), "cpu:0")
+out["counts"] = run(lambda: ctx().all_reduce("sum", flags().int())).tolist()
+# MAX/MIN along an axis that is empty on every worker: TensorFlow's reduce_max of nothing.
+as_text = lambda t: [str(x) for x in t.tolist()]
+out["empty_max"] = attempt(
+    lambda: as_text(strategy.reduce("max", run(lambda: torch.zeros(0, 2)), 0)))
+out["empty_min_int"] = attempt(lambda: as_text(strategy.reduce(
+    "min", run(lambda: torch.zeros(0, 2, dtype=torch.int32)), 0)))
+out["one_empty_max_int"] = attempt(lambda: strategy.reduce("max", run(
+    lambda: torch.tensor([[-5, 7]] * rank, dtype=torch.int32).reshape(rank, 2)), 0).tolist())
 out["still_usable"] = attempt(
     lambda: run(lambda: ctx().all_reduce("sum", torch.tensor([rank + 1.0]))).tolist())
 strategy.shutdown()
@@ -162,6 +179,27 @@ def test_cross_replica_reduce_and_gather_of_mismatched_workers_raise_value_error
             assert_matches("rank 0", error["message"])
             assert_matches("rank 1", error["message"])
             assert error["elapsed"] < 5
+
+
+def test_bool_reductions_are_refused_on_every_worker_and_counts_work(mismatch):
+    cases = ["bool_all_reduce", "bool_all_reduce_nested", "bool_reduce", "bool_reduce_axis",
+             "bool_reduce_to"]  # fmt: skip
+    for out in mismatch:
+        for case in cases:
+            error = out[case]
+            assert error.get("type") == "ArgumentTypeError", (case, error)
+            assert "TypeError" in error["bases"]
+            assert_matches(r"Cannot reduce a bool tensor with (SUM|MEAN).*`t.int\(\)`",
+                           error["message"])  # fmt: skip
+            assert error["elapsed"] < 5
+        assert out["counts"] == [2, 1]
+
+
+def test_empty_max_min_along_an_axis_are_tfs_identities_across_workers(mismatch):
+    for out in mismatch:
+        assert out["empty_max"]["result"] == ["-inf", "-inf"]
+        assert out["empty_min_int"]["result"] == [str(2**31 - 1)] * 2
+        assert out["one_empty_max_int"]["result"] == [-5, 7]
 
 
 def test_group_is_still_usable_after_mismatches(mismatch):

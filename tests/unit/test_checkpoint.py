@@ -189,6 +189,61 @@ def test_sync_on_read_variable_saves_the_aggregate_and_restores_into_other_repli
     assert float(total3.read_value()) == pytest.approx(3.0)
 
 
+@pytest.mark.parametrize("before", [1, 2, 3, 4])
+@pytest.mark.parametrize("after", [1, 2, 3, 4])
+def test_integer_sum_sync_on_read_keeps_its_exact_aggregate(tmp_path, before, after):
+    # Issue 23: an even split rounded away the remainder (9 saved over 2 replicas read back
+    # 8, assign(5) read back 4). Now each replica gets value // N and replica 0 the remainder.
+    def counter(strategy):
+        with strategy.scope():
+            return nd.Variable(0, synchronization="ON_READ", aggregation="SUM", dtype=torch.int64)
+
+    first = nd.MirroredStrategy(_devices(before))
+    seen = counter(first)
+    first.run(lambda: seen.assign_add(2 * nd.get_replica_context().replica_id_in_sync_group + 3))
+    expected = sum(2 * r + 3 for r in range(before))  # 3, 8, 15, 24
+    assert int(seen.read_value()) == expected
+    path = nd.checkpoint.save(tmp_path / "seen.pt", seen=seen)
+
+    second = nd.MirroredStrategy(_devices(after))
+    restored = counter(second)
+    nd.checkpoint.restore(path, seen=restored)
+    assert restored.read_value().dtype == torch.int64
+    assert int(restored.read_value()) == expected
+    components = [int(c) for c in second.experimental_local_results(
+        second.run(lambda: restored.read_value()))]  # fmt: skip
+    assert sum(components) == expected and len(components) == after
+    assert components[1:] == [expected // after] * (after - 1)  # the remainder on replica 0
+    restored.load_state_dict(seen.state_dict())
+    assert int(restored.read_value()) == expected
+    for value in (5, -7, 0, 2**40 + 1):
+        restored.assign(value)
+        assert int(restored.read_value()) == value
+    restored.assign(torch.tensor(5.0))  # a float value for an integer variable: still exact
+    assert int(restored.read_value()) == 5
+
+
+def test_integer_sum_sync_on_read_restored_inside_run_keeps_its_total(tmp_path):
+    # Inside strategy.run (as a %%distribute cell on engines) each replica restores its share.
+    three = nd.MirroredStrategy(_devices(3))
+    with three.scope():
+        saved = nd.Variable(0, synchronization="ON_READ", aggregation="SUM", dtype=torch.int64)
+        restored = nd.Variable(0, synchronization="ON_READ", aggregation="SUM", dtype=torch.int64)
+    saved.assign(11)
+    path = nd.checkpoint.save(tmp_path / "c.pt", seen=saved)
+    three.run(lambda: nd.checkpoint.restore(path, seen=restored))
+    assert [int(c.value()) for c in restored.values] == [5, 3, 3]
+    assert int(restored.read_value()) == 11
+
+
+def test_float_sum_sync_on_read_assign_is_still_an_even_split():
+    strategy = nd.MirroredStrategy(_devices(2))
+    with strategy.scope():
+        total = nd.Variable(0.0, synchronization="ON_READ", aggregation="SUM")
+    total.assign(5.0)
+    assert [float(c.value()) for c in total.values] == [2.5, 2.5]
+
+
 @pytest.mark.parametrize("replicas_after", [2, 3])
 def test_resuming_on_other_replicas_continues_like_an_uninterrupted_run(tmp_path, replicas_after):
     uninterrupted = Run(2)

@@ -153,3 +153,15 @@ def test_multi_worker_strategy_with_empty_tf_config_is_one_local_worker(monkeypa
     strategy = nd.MultiWorkerMirroredStrategy()
     assert strategy.num_replicas_in_sync == 1
     assert strategy.cluster_resolver is None or not strategy.cluster_resolver.cluster_spec().jobs
+
+
+def test_distribute_values_from_function_returns_the_structure_with_per_replica_leaves():
+    # distribute_lib.py: `experimental_distribute_values_from_function` regroups the replicas'
+    # values with `distribute_utils.regroup(..., always_wrap=True)`: a dict of PerReplica.
+    strategy = nd.MirroredStrategy(TWO)
+    value = strategy.experimental_distribute_values_from_function(
+        lambda ctx: {"id": torch.tensor(float(ctx.replica_id_in_sync_group)), "n": 7}
+    )
+    assert type(value) is dict
+    assert strategy.experimental_local_results(value["n"]) == (7, 7)  # wrapped although equal
+    assert strategy.reduce("sum", value, axis=None) == {"id": 1.0, "n": 14}

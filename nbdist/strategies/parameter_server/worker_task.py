@@ -46,8 +46,9 @@ class WorkerStrategy:
     """The strategy as a scheduled function sees it on a worker: one replica, this worker.
 
     `run(fn, args, kwargs)` calls `fn` once; `reduce` of a plain value returns it (reduced
-    along `axis` when given). It exists so that TF-style step functions (`strategy.run`
-    inside the scheduled function) work unchanged.
+    along `axis` when given), by the rules of every strategy's `reduce` (`nbdist.reduction`:
+    bools refused, integer MEAN floating, MAX/MIN of nothing the op's identity). It exists so
+    that TF-style step functions (`strategy.run` inside the scheduled function) work unchanged.
     """
 
     num_replicas_in_sync = 1
@@ -56,17 +57,15 @@ class WorkerStrategy:
         return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
+        from nbdist import reduction
+        from nbdist._private_api import pytree
+        from nbdist.placement import Placement, SingleWorker
         from nbdist.reduce import ReduceOp
 
-        if axis is None:
-            return value
         op = ReduceOp.from_value(reduce_op)
-        if op is ReduceOp.SUM:
-            return torch.as_tensor(value).sum(axis)
-        if op is ReduceOp.MEAN:
-            return torch.as_tensor(value).float().mean(axis)
-        tensor = torch.as_tensor(value)
-        return tensor.amax(axis) if op is ReduceOp.MAX else tensor.amin(axis)
+        reduction.check_axis_argument(axis, "reduce", optional=True)
+        one = SingleWorker(Placement(devices=("cpu",)))
+        return pytree.tree_map(lambda leaf: reduction.reduce_value(one, op, leaf, axis), value)
 
     def experimental_local_results(self, value: Any) -> tuple:
         return (value,)
