@@ -235,8 +235,23 @@ def distribute_cell(
     if targets is not None:
         by_rank = {info.rank: info for info in engines}
         engines = [by_rank[rank] for rank in targets]
-    cluster.require_alive("the cell", fix="`%dist restart`")
-    cluster.require_usable("The cell", fix="`%dist restart`")
+    with cluster.turn("The cell", timeout) as deadline:  # Note [One call at a time]
+        cluster.require_alive("the cell", fix="`%dist restart`")
+        left = cluster.time_left("The cell", timeout, deadline)
+        cluster.require_usable("The cell", fix="`%dist restart`", wait=left)
+        left = cluster.time_left("The cell", timeout, deadline)
+        return _run_cell(cluster, engines, source, filename, output, left)
+
+
+def _run_cell(
+    cluster: Cluster,
+    engines: list[EngineInfo],
+    source: str,
+    filename: str,
+    output: str,
+    timeout: float | None,
+) -> PerReplica | None:
+    """Send the cell to `engines` and wait for them (the body of `distribute_cell`)."""
     client = cluster.client
     ids = [info.id for info in engines]
     result = client.direct_view(ids).apply_async(run_cell, source, filename)

@@ -620,9 +620,12 @@ class ReplicaContext:
 
         Arguments are merged into `PerReplica` values (or passed as themselves when every
         replica passed the identical object); the result goes back to every replica,
-        unwrapped to its component.
+        unwrapped to its component. `merge_fn` may not call `run` or a replica context's
+        collectives (every replica waits in `merge_call` meanwhile): `ContextError` at once;
+        combine its arguments with `strategy.reduce` or `strategy.extended.reduce_to`.
 
-        Context: replica. Hangs if: not every replica calls it (fails after the timeout).
+        Context: replica. Hangs if: not every replica calls it, or `merge_fn` never returns
+        (the other replicas fail after the timeout).
         """
         if not callable(merge_fn):
             raise ArgumentTypeError(f"merge_call needs a function, got {merge_fn!r}.")
