@@ -22,13 +22,14 @@ Strategy = Any
 ReplicaContext = Any
 
 __all__ = [
+    "begin_threaded_run",
     "current_replica_context",
     "current_scope_strategy",
+    "end_threaded_run",
     "enter_replica_context",
     "enter_strategy",
     "in_merge_call",
     "run_started_before",
-    "threaded_run",
 ]
 
 # The strategy whose scope is active (None: the default strategy answers).
@@ -140,20 +141,21 @@ def set_strategy(strategy: Strategy | None) -> None:
 # Each in-process `run` with several replica threads records the threads alive when it began;
 # a default-context collective in a thread that is not among them, while that run lies open,
 # is refused by name (`ReplicaContext`'s check) instead.
-_threaded_runs: dict[int, tuple[Strategy, frozenset[threading.Thread]]] = {}
+_threaded_runs: dict[int, tuple[Strategy, list[threading.Thread]]] = {}
 _run_ids = itertools.count()
 
 
-@contextlib.contextmanager
-def threaded_run(strategy: Strategy) -> Iterator[None]:
-    """Record a `run` of `strategy` whose replicas are threads of this process, for its
-    duration (Note [Threads started in a replica])."""
+def begin_threaded_run(strategy: Strategy) -> int:
+    """Record a `run` of `strategy` whose replicas are threads of this process (Note [Threads
+    started in a replica]); returns the key for `end_threaded_run`."""
     key = next(_run_ids)
-    _threaded_runs[key] = (strategy, frozenset(threading.enumerate()))
-    try:
-        yield
-    finally:
-        _threaded_runs.pop(key, None)
+    _threaded_runs[key] = (strategy, threading.enumerate())
+    return key
+
+
+def end_threaded_run(key: int) -> None:
+    """Forget the run that `begin_threaded_run` recorded."""
+    _threaded_runs.pop(key, None)
 
 
 def run_started_before(thread: threading.Thread) -> Strategy | None:

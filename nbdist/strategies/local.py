@@ -151,27 +151,26 @@ class LocalStrategy(Strategy):
                 if translated is error:
                     raise
                 raise translated from None
-        with self._turn(), context.threaded_run(self):
-            return self._run_replicas(fn, args, kwargs, count, grad_enabled)
-
-    @contextlib.contextmanager
-    def _turn(self) -> Iterator[None]:
-        """Hold this strategy's replicas for one `run` (Note [One run at a time])."""
-        timeout = self._options.timeout
-        if not self._run_lock.acquire(timeout=timeout):
-            raise BusyError(
-                f"{type(self).__name__}.run waited {timeout:g} s for another thread's run on "
-                f"this strategy (from thread {self._running_in!r}) to finish, and was not run. "
-                "Calls to one strategy from several threads run one at a time: wait for that "
-                "call, call run from one thread, or raise the timeout with "
-                "CommunicationOptions(timeout_seconds=...)."
-            )
+        # Note [One run at a time]; plain calls, not context managers: this is every run's path.
+        if not self._run_lock.acquire(timeout=self._options.timeout):
+            raise self._busy()
         self._running_in = threading.current_thread().name
+        key = context.begin_threaded_run(self)
         try:
-            yield
+            return self._run_replicas(fn, args, kwargs, count, grad_enabled)
         finally:
+            context.end_threaded_run(key)
             self._running_in = None
             self._run_lock.release()
+
+    def _busy(self) -> BusyError:
+        return BusyError(
+            f"{type(self).__name__}.run waited {self._options.timeout:g} s for another "
+            f"thread's run on this strategy (from thread {self._running_in!r}) to finish, and "
+            "was not run. Calls to one strategy from several threads run one at a time: wait "
+            "for that call, call run from one thread, or raise the timeout with "
+            "CommunicationOptions(timeout_seconds=...)."
+        )
 
     def _run_replicas(
         self, fn: Callable[..., Any], args: tuple, kwargs: dict, count: int, grad_enabled: bool
