@@ -470,6 +470,7 @@ class Cluster:
         """`calls.call_engines` on this cluster (see there), in its turn."""
         self._require_running(what)
         with self.turn(what, timeout) as deadline:
+            self._require_running(what)  # again: another thread may have stopped it meanwhile
             check = self.require_usable if needs_group else self.require_idle
             check(what, wait=self.time_left(what, timeout, deadline))
             left = self.time_left(what, timeout, deadline)

@@ -231,11 +231,11 @@ def distribute_cell(
     filename = f"<distribute-cell-{next(_counter)}>"
     source = python_source(cell)
     compile(source, filename, "exec")  # raised once, here, not by every engine
-    engines = list(cluster.engines)
-    if targets is not None:
-        by_rank = {info.rank: info for info in engines}
-        engines = [by_rank[rank] for rank in targets]
     with cluster.turn("The cell", timeout) as deadline:  # Note [One call at a time]
+        engines = list(cluster.engines)
+        if targets is not None:
+            by_rank = {info.rank: info for info in engines}
+            engines = [by_rank[rank] for rank in targets]
         cluster.require_alive("the cell", fix="`%dist restart`")
         left = cluster.time_left("The cell", timeout, deadline)
         cluster.require_usable("The cell", fix="`%dist restart`", wait=left)
