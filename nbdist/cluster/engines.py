@@ -473,8 +473,11 @@ class Cluster:
             self._require_running(what)  # again: another thread may have stopped it meanwhile
             check = self.require_usable if needs_group else self.require_idle
             check(what, wait=self.time_left(what, timeout, deadline))
-            left = self.time_left(what, timeout, deadline)
-            return call_engines(self, entry, payloads, *extra, timeout=left, what=what, fn=fn)
+            self.time_left(what, timeout, deadline)
+            return call_engines(
+                self, entry, payloads, *extra, timeout=timeout, what=what, fn=fn,
+                deadline=deadline,
+            )  # fmt: skip
 
     # Note [One call at a time]: every call into the engines (`strategy.run`, `run_steps`,
     # `push`, `pull`, a `%%distribute` cell) holds the cluster's turn from its checks to its

@@ -239,8 +239,8 @@ def distribute_cell(
         cluster.require_alive("the cell", fix="`%dist restart`")
         left = cluster.time_left("The cell", timeout, deadline)
         cluster.require_usable("The cell", fix="`%dist restart`", wait=left)
-        left = cluster.time_left("The cell", timeout, deadline)
-        return _run_cell(cluster, engines, source, filename, output, left)
+        cluster.time_left("The cell", timeout, deadline)
+        return _run_cell(cluster, engines, source, filename, output, timeout, deadline)
 
 
 def _run_cell(
@@ -250,8 +250,10 @@ def _run_cell(
     filename: str,
     output: str,
     timeout: float | None,
+    deadline: float | None,
 ) -> PerReplica | None:
-    """Send the cell to `engines` and wait for them (the body of `distribute_cell`)."""
+    """Send the cell to `engines` and wait for them until `deadline` (`timeout` s after the
+    cell began to wait for its turn); the body of `distribute_cell`."""
     client = cluster.client
     ids = [info.id for info in engines]
     result = client.direct_view(ids).apply_async(run_cell, source, filename)
@@ -262,7 +264,6 @@ def _run_cell(
     others = [info for info in cluster.engines if info.rank not in chosen]
     supervisor = Supervisor(cluster, engines, parts, _WHAT, bystanders=others)
     streams = _Streams(engines, parts, output)
-    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
             step = _POLL_S
