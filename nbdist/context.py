@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,11 +22,14 @@ Strategy = Any
 ReplicaContext = Any
 
 __all__ = [
+    "begin_threaded_run",
     "current_replica_context",
     "current_scope_strategy",
+    "end_threaded_run",
     "enter_replica_context",
     "enter_strategy",
     "in_merge_call",
+    "run_started_before",
 ]
 
 # The strategy whose scope is active (None: the default strategy answers).
@@ -128,3 +133,39 @@ def set_strategy(strategy: Strategy | None) -> None:
             "Leave that scope first."
         )
     _set_strategy.set(strategy)
+
+
+# Note [Threads started in a replica]: Python threads do not inherit `contextvars`, so a thread
+# that a replica function starts sees the default replica context (as in TensorFlow, whose
+# per-thread mode is thread-local), and its `all_reduce` would quietly return its own input.
+# Each in-process `run` with several replica threads records the threads alive when it began;
+# a default-context collective in a thread that is not among them, while that run lies open,
+# is refused by name (`ReplicaContext`'s check) instead.
+_threaded_runs: dict[int, tuple[Strategy, list[threading.Thread]]] = {}
+_run_ids = itertools.count()
+
+
+def begin_threaded_run(strategy: Strategy) -> int:
+    """Record a `run` of `strategy` whose replicas are threads of this process (Note [Threads
+    started in a replica]); returns the key for `end_threaded_run`."""
+    key = next(_run_ids)
+    _threaded_runs[key] = (strategy, threading.enumerate())
+    return key
+
+
+def end_threaded_run(key: int) -> None:
+    """Forget the run that `begin_threaded_run` recorded."""
+    _threaded_runs.pop(key, None)
+
+
+def run_started_before(thread: threading.Thread) -> Strategy | None:
+    """The strategy of an open threaded `run` that began before `thread` existed, else None.
+
+    Example:
+        >>> run_started_before(threading.current_thread()) is None
+        True
+    """
+    for strategy, alive in list(_threaded_runs.values()):
+        if thread not in alive:
+            return strategy
+    return None

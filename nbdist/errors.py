@@ -11,6 +11,7 @@ import traceback as _traceback
 
 __all__ = [
     "ArgumentTypeError",
+    "BusyError",
     "CancelledError",
     "CheckpointError",
     "CheckpointMismatchError",
@@ -91,6 +92,12 @@ class CollectiveTimeoutError(NbdistError, TimeoutError):
     def __init__(self, message: str, *, missing: tuple[int, ...] = ()):
         super().__init__(message)
         self.missing = missing
+
+
+class BusyError(NbdistError, TimeoutError):
+    """A call into a strategy or a cluster waited, past its timeout, for another thread's call
+    into the same strategy or cluster to finish, and was not run (calls from several threads
+    run one at a time); the message names the other call's thread and the fix."""
 
 
 class CollectiveMismatchError(NbdistError, ValueError):

@@ -101,6 +101,7 @@ def call_engines(
     timeout: float | None,
     what: str,
     fn: Any = None,
+    deadline: float | None = None,
 ) -> list[dict[str, Any]]:
     """Call `engine_side.calls.<entry>(payload, *extra)` on every engine; replies in replica order.
 
@@ -110,7 +111,9 @@ def call_engines(
             (`"call"`, `"call_steps"`, `"store"` or `"fetch"`).
         payloads: One payload for every engine, or a list with one per engine.
         extra: More arguments, the same for every engine.
-        timeout: Seconds to wait (None: no limit).
+        timeout: Seconds to wait (None: no limit), as the error names it.
+        deadline: When the wait ends on `time.monotonic()`'s clock, if the call's `timeout`
+            began earlier (it waited for its turn); default `timeout` s from now.
         what: How to name the call in errors, e.g. `"strategy.run(step)"`.
         fn: The user's function, for hints about names it uses.
 
@@ -130,7 +133,10 @@ def call_engines(
         cluster.track_request(info.id, part)
     supervisor = Supervisor(cluster, engines, parts, what)
     try:
-        finished = supervisor.wait(timeout)
+        if deadline is not None:
+            finished = supervisor.wait(max(0.0, deadline - time.monotonic()))
+        else:
+            finished = supervisor.wait(timeout)
     except KeyboardInterrupt:
         raise supervisor.interrupted("cluster.restart()") from None
     if not finished:

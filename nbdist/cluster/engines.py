@@ -15,12 +15,14 @@ starts, not on import.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import logging
 import socket
+import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from nbdist.cluster import _wire
@@ -44,7 +46,7 @@ from nbdist.cluster.startup import (
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 from nbdist.cluster.stop_log import launchers_of, quiet_stop_log, write_log
 from nbdist.communication import CommunicationOptions
-from nbdist.errors import InvalidArgumentError, WorkerLostError
+from nbdist.errors import BusyError, InvalidArgumentError, WorkerLostError
 from nbdist.values import PerReplica
 
 __all__ = ["Cluster"]
@@ -189,6 +191,8 @@ class Cluster:
         self._group_prefix: str | None = None  # the group generation's prefix in the store
         self._generation = 0
         self._inflight: dict[int, set[Any]] = {}  # engine id -> requests not answered yet
+        self._turn_lock = threading.Lock()  # Note [One call at a time]
+        self._turn_holder: str | None = None
         self._strategy = EngineStrategy(self)
         self._progress: Callable[[str], None] = quiet
         self.start_seconds: float | None = None
@@ -481,13 +485,66 @@ class Cluster:
         fn: Any = None,
         needs_group: bool = False,
     ) -> list[dict[str, Any]]:
-        """`calls.call_engines` on this cluster (see there)."""
+        """`calls.call_engines` on this cluster (see there), in its turn."""
         self._require_running(what)
-        if needs_group:
-            self.require_usable(what)
+        with self.turn(what, timeout) as deadline:
+            self._require_running(what)  # again: another thread may have stopped it meanwhile
+            check = self.require_usable if needs_group else self.require_idle
+            check(what, wait=self.time_left(what, timeout, deadline))
+            self.time_left(what, timeout, deadline)
+            return call_engines(
+                self, entry, payloads, *extra, timeout=timeout, what=what, fn=fn,
+                deadline=deadline,
+            )  # fmt: skip
+
+    # Note [One call at a time]: every call into the engines (`strategy.run`, `run_steps`,
+    # `push`, `pull`, a `%%distribute` cell) holds the cluster's turn from its checks to its
+    # last reply, so the busy check and the submission are one step: two notebook threads
+    # calling at once can never send requests whose collectives pair with each other's (they
+    # gave wrong values, the replicas even disagreeing). A second call waits its turn, and
+    # its timeout covers the wait; past it, `BusyError` names the call it waited for.
+    @contextlib.contextmanager
+    def turn(self, what: str, timeout: float | None = None) -> Iterator[float | None]:
+        """Hold the cluster for one call (Note [One call at a time]); yields the call's
+        deadline on `time.monotonic()`'s clock (None: no limit), `timeout` s after it began
+        to wait (`time_left` says what is left).
+
+        Raises:
+            BusyError: (a `TimeoutError`) another thread's call still held the cluster after
+                `timeout` seconds; nothing was sent.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if timeout is None:
+            acquired = self._turn_lock.acquire()
         else:
-            self.require_idle(what)
-        return call_engines(self, entry, payloads, *extra, timeout=timeout, what=what, fn=fn)
+            acquired = self._turn_lock.acquire(timeout=timeout)
+        if not acquired:
+            raise BusyError(
+                f"{what} waited {timeout:g} s for {self._turn_holder or 'another call'} to "
+                "finish, and was not sent. Calls into one cluster from several threads run "
+                "one at a time (the cluster is usable): give this call a longer timeout, or "
+                "call the cluster from one thread."
+            )
+        self._turn_holder = f"{what} (thread {threading.current_thread().name!r})"
+        try:
+            yield deadline
+        finally:
+            self._turn_holder = None
+            self._turn_lock.release()
+
+    def time_left(self, what: str, timeout: float | None, deadline: float | None) -> float | None:
+        """Seconds left until `deadline` (None: no limit); `BusyError` when waiting for earlier
+        calls used up the call's `timeout`."""
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left > 0:
+            return left
+        raise BusyError(
+            f"{what} waited {timeout:g} s for earlier calls into the cluster to finish, and "
+            "was not sent. Calls into one cluster run one at a time (the cluster is usable): "
+            "give this call a longer timeout."
+        )
 
     def track_request(self, engine_id: int, request: Any) -> None:
         """Count `request` (an AsyncResult) as running on the engine until it is answered."""
@@ -510,28 +567,45 @@ class Cluster:
                 missing=dead,
             )
 
-    def require_usable(self, what: str, fix: str = "cluster.restart()") -> None:
+    def require_usable(
+        self, what: str, fix: str = "cluster.restart()", *, wait: float | None = 0.0
+    ) -> None:
         """Raise `ClusterUnusableError` naming what happened and `fix` if the process group
         is unusable (Note [Cluster health] in `calls`), so `what` never pairs with a stuck
-        collective or queues behind a blocked engine."""
+        collective or queues behind a blocked engine; then `require_idle(what, fix, wait)`."""
         if self._broken is not None:
             raise ClusterUnusableError(
                 f"{what} was not run: the cluster is unusable because {self._broken}. Run {fix} "
                 "to start fresh engines (engine state is lost), then run it again.",
                 reason=self._broken,
             )
-        self.require_idle(what, fix)
+        self.require_idle(what, fix, wait=wait)
 
-    def require_idle(self, what: str, fix: str = "cluster.restart()") -> None:
-        """Raise `ClusterUnusableError` if an engine still runs an earlier request (it would
-        queue behind it)."""
+    def require_idle(
+        self, what: str, fix: str = "cluster.restart()", *, wait: float | None = 0.0
+    ) -> None:
+        """Wait up to `wait` seconds (None: no limit) for engines still running an earlier
+        request (`what` would queue behind it). Still busy: `ClusterUnusableError` when the
+        cluster is unusable (an engine left blocked), else `BusyError`."""
+        pending = [request for requests in self._inflight.values() for request in requests]
+        if pending and self._broken is None and (wait is None or wait > 0):
+            concurrent.futures.wait(pending, timeout=wait)
         busy = [row.rank for row in self.status() if row.state == "busy"]
-        if busy:
+        if not busy:
+            return
+        if self._broken is not None:
             raise ClusterUnusableError(
-                f"{what} was not run: replica(s) {busy} are still busy with an earlier request. "
-                f"Wait for it, or run {fix} to start fresh engines (engine state is lost).",
-                reason=f"replica(s) {busy} are busy",
+                f"{what} was not run: replica(s) {busy} are still busy with an earlier request, "
+                f"and the cluster is unusable because {self._broken}. Run {fix} to start "
+                "fresh engines (engine state is lost).",
+                reason=self._broken,
             )
+        waited = "" if not wait else f" after {wait:g} s"
+        raise BusyError(
+            f"{what} was not sent: replica(s) {busy} were still busy with an earlier "
+            f"request{waited}; the cluster is usable. Run it again once they finish (or give "
+            f"it a longer timeout), or run {fix} to stop them (engine state is lost)."
+        )
 
     def mark_broken(self, reason: str) -> None:
         """Record why the process group is unusable (the first reason is kept) until restart."""

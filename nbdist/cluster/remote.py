@@ -146,8 +146,10 @@ class EngineStrategy:
     ) -> Any:
         """Run `fn(*args, **kwargs)` once on every engine, in replica context; gather results.
 
-        Context: the notebook. Hangs if: never past `timeout`; with no timeout, as long as
-        the engines work (an engine that dies or fails releases the others).
+        Context: the notebook, from any thread: calls into one cluster take turns (a call
+        waits for another thread's to finish, and its `timeout` covers that wait).
+        Hangs if: never past `timeout`; with no timeout, as long as the engines work (an
+        engine that dies or fails releases the others) and as long as earlier calls run.
 
         Args:
             fn: A function. Defined in the notebook (`__main__`), its global names resolve in
@@ -167,6 +169,8 @@ class EngineStrategy:
             RemoteError: one or more engines raised; lists them, shows the first traceback.
             SerializationError: (a `TypeError`) `fn` or an argument cannot be pickled.
             EngineTimeoutError: (a `TimeoutError`) the engines did not finish in time.
+            BusyError: (a `TimeoutError`) another thread's call into the cluster still ran
+                when `timeout` passed; nothing was sent.
         """
         if not callable(fn):
             raise ArgumentTypeError(f"strategy.run needs a function to call, got {fn!r}.")

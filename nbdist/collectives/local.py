@@ -24,8 +24,8 @@ __all__ = ["LocalGroup"]
 
 class _Slot:
     __slots__ = (
-        "arrivals", "done_event", "error", "events", "kind", "payloads", "picked", "ready_at",
-        "shared", "state",
+        "arrivals", "combiner", "done_event", "error", "events", "kind", "payloads", "picked",
+        "ready_at", "shared", "state",
     )  # fmt: skip
 
     def __init__(self, kind: str, size: int):
@@ -33,6 +33,7 @@ class _Slot:
         self.payloads: list[Any] = [None] * size
         self.arrivals: list[float | None] = [None] * size
         self.state = "open"  # open -> combining -> done | failed
+        self.combiner = -1  # the replica that combines (runs a merge_call's function)
         self.shared: Any = None
         self.error: BaseException | None = None
         self.picked = 0
@@ -68,7 +69,9 @@ class LocalGroup:
 
     Context: `exchange` is called from replica threads inside `strategy.run`.
     Hangs if: never; a missing replica is reported at once when it has returned or failed, and
-    otherwise after `timeout` seconds.
+    otherwise after `timeout` seconds; a replica that arrived waits at most `timeout` seconds
+    in every state, also while the last replica to arrive combines (e.g. runs a merge_call
+    function that never returns).
 
     Example:
         >>> import threading
@@ -167,7 +170,7 @@ class LocalGroup:
             slot.events[replica] = _producer_event()
             slot.arrivals[replica] = time.perf_counter()
             if all(a is not None for a in slot.arrivals):
-                slot.state = "combining"
+                slot.state, slot.combiner = "combining", replica
                 combining = True
             else:
                 combining = False
@@ -218,6 +221,15 @@ class LocalGroup:
                     "CommunicationOptions(timeout_seconds=...).",
                     missing=missing,
                 )
+            if remaining <= 0:  # combining: the last replica to arrive has not finished
+                raise CollectiveTimeoutError(
+                    f"Replica {replica} waited {timeout:g} s in {slot.kind} (collective "
+                    f"#{index}): every replica arrived, but replica {slot.combiner}, which "
+                    f"combines it{_MERGE_NOTE if slot.kind == 'merge_call' else ''}, has not "
+                    "finished. Make sure it can finish without the other replicas, or raise "
+                    "the timeout with CommunicationOptions(timeout_seconds=...).",
+                    missing=(slot.combiner,),
+                )
             self._cond.wait(timeout=max(remaining, 0.05))
 
     def _raise_if_released(self, replica: int, slot: _Slot | None, index: int = -1) -> None:
@@ -251,6 +263,9 @@ class LocalGroup:
             telemetry.record_arrivals(
                 kind, nbytes, implementation, self._replica_ids, slot.arrivals, slot.ready_at
             )
+
+
+_MERGE_NOTE = " (runs the merge_call function, which must not wait for the replicas)"
 
 
 def _names(replicas: Sequence[int]) -> str:

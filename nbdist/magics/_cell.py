@@ -231,12 +231,29 @@ def distribute_cell(
     filename = f"<distribute-cell-{next(_counter)}>"
     source = python_source(cell)
     compile(source, filename, "exec")  # raised once, here, not by every engine
-    engines = list(cluster.engines)
-    if targets is not None:
-        by_rank = {info.rank: info for info in engines}
-        engines = [by_rank[rank] for rank in targets]
-    cluster.require_alive("the cell", fix="`%dist restart`")
-    cluster.require_usable("The cell", fix="`%dist restart`")
+    with cluster.turn("The cell", timeout) as deadline:  # Note [One call at a time]
+        engines = list(cluster.engines)
+        if targets is not None:
+            by_rank = {info.rank: info for info in engines}
+            engines = [by_rank[rank] for rank in targets]
+        cluster.require_alive("the cell", fix="`%dist restart`")
+        left = cluster.time_left("The cell", timeout, deadline)
+        cluster.require_usable("The cell", fix="`%dist restart`", wait=left)
+        cluster.time_left("The cell", timeout, deadline)
+        return _run_cell(cluster, engines, source, filename, output, timeout, deadline)
+
+
+def _run_cell(
+    cluster: Cluster,
+    engines: list[EngineInfo],
+    source: str,
+    filename: str,
+    output: str,
+    timeout: float | None,
+    deadline: float | None,
+) -> PerReplica | None:
+    """Send the cell to `engines` and wait for them until `deadline` (`timeout` s after the
+    cell began to wait for its turn); the body of `distribute_cell`."""
     client = cluster.client
     ids = [info.id for info in engines]
     result = client.direct_view(ids).apply_async(run_cell, source, filename)
@@ -247,7 +264,6 @@ def distribute_cell(
     others = [info for info in cluster.engines if info.rank not in chosen]
     supervisor = Supervisor(cluster, engines, parts, _WHAT, bystanders=others)
     streams = _Streams(engines, parts, output)
-    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
             step = _POLL_S

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from time import perf_counter
 from typing import Any
@@ -81,6 +82,7 @@ class Strategy:
     # -- scope ----------------------------------------------------------------------------
     # Whether `scope()` enters cross-replica context; only the default strategy's does not.
     changes_context = True
+
     def _replica_in_this_thread(self) -> ReplicaContext | None:
         """The replica context `run` enters in the caller's thread, for a strategy that runs
         its one local replica there (None: `_call_for_each_replica` enters each replica's).
@@ -167,6 +169,14 @@ class Strategy:
                 "strategy.run was called inside strategy.run. Call collectives "
                 "(nbdist.get_replica_context().all_reduce/merge_call) inside the replica "
                 "function instead of nesting run."
+            )
+        if context.in_merge_call() and self._is_multi_replica:
+            raise ContextError(
+                "strategy.run was called inside a merge_call function (merge_fn). merge_fn runs "
+                "once, in cross-replica context, while every replica waits in merge_call, so "
+                "the replicas cannot run again until it returns. Do the per-replica work in "
+                "the replica function (before or after merge_call), and in merge_fn combine "
+                "its PerReplica arguments with strategy.reduce or strategy.extended.reduce_to."
             )
         if options is not None:
             check_run_options(options)
@@ -537,6 +547,8 @@ class StrategyExtended:
 
 
 _OP_TYPES = (str, ReduceOp)
+# The caller's replica context: the context variable's own `get` (Note [Calls per collective]).
+_current_replica = context.current_replica_context
 
 
 class ReplicaContext:
@@ -587,6 +599,8 @@ class ReplicaContext:
             >>> s.run(lambda: nd.get_replica_context().all_reduce("sum", torch.tensor(1.0)))
             PerReplica:{0: tensor(2.), 1: tensor(2.)}
         """
+        if _current_replica() is not self or not self._strategy.changes_context:
+            self._require_current("all_reduce")
         # The op without a call when seen before (Note [Calls per collective]).
         op = RESOLVED_OPS.get(reduce_op) if type(reduce_op) in _OP_TYPES else None
         if op is None:
@@ -603,6 +617,8 @@ class ReplicaContext:
             from nbdist.reduction import check_axis_argument
 
             check_axis_argument(axis, "all_gather", optional=False)
+        if _current_replica() is not self or not self._strategy.changes_context:
+            self._require_current("all_gather")
         return self._strategy._replica_all_gather(self, value, axis, options)
 
     @collective_between_graphs
@@ -616,13 +632,70 @@ class ReplicaContext:
 
         Arguments are merged into `PerReplica` values (or passed as themselves when every
         replica passed the identical object); the result goes back to every replica,
-        unwrapped to its component.
+        unwrapped to its component. `merge_fn` may not call `run` or a replica context's
+        collectives (every replica waits in `merge_call` meanwhile): `ContextError` at once;
+        combine its arguments with `strategy.reduce` or `strategy.extended.reduce_to`.
 
-        Context: replica. Hangs if: not every replica calls it (fails after the timeout).
+        Context: replica. Hangs if: not every replica calls it, or `merge_fn` never returns
+        (the other replicas fail after the timeout).
         """
         if not callable(merge_fn):
             raise ArgumentTypeError(f"merge_call needs a function, got {merge_fn!r}.")
+        if _current_replica() is not self or not self._strategy.changes_context:
+            self._require_current("merge_call")
         return self._strategy._replica_merge_call(self, merge_fn, tuple(args), dict(kwargs or {}))
+
+    def _require_current(self, what: str) -> None:
+        """Refuse a collective called where this replica context is not the caller's (as
+        TensorFlow's `require_replica_context`): it could never be matched, so it would wait
+        until the timeout or pair with the wrong call. Also refuse the default context's
+        collectives in a thread started inside an in-process replica function (Note [Threads
+        started in a replica] in `nbdist.context`)."""
+        current = _current_replica()
+        default = not self._strategy.changes_context
+        if current is self or (default and current is None and not context.in_merge_call()):
+            if default:
+                running = context.run_started_before(threading.current_thread())
+                if running is not None:
+                    raise ContextError(
+                        f"ReplicaContext.{what} was called on the default replica context in "
+                        f"thread {threading.current_thread().name!r}, which was started while "
+                        f"{type(running).__name__}.run was running (inside a replica "
+                        "function). A thread does not inherit its replica's context, so this "
+                        f"{what} would only see the thread's own value. Call {what} in the "
+                        "replica function's own thread: hand the thread's result back to it "
+                        "(e.g. join the thread) and reduce it there."
+                    )
+            return
+        fix = f"nd.get_replica_context().{what}(...)"
+        if current is None and context.in_merge_call():
+            raise ContextError(
+                f"ReplicaContext.{what} was called inside a merge_call function (merge_fn), on "
+                "a replica context captured outside it. merge_fn runs once, in cross-replica "
+                "context, while every replica waits in merge_call, so no replica could join "
+                f"this {what}. In merge_fn combine its PerReplica arguments with "
+                "strategy.reduce or strategy.extended.reduce_to; or call "
+                f"{what} in the replica function, before or after merge_call."
+            )
+        if current is None:
+            raise ContextError(
+                f"ReplicaContext.{what} of replica {self._replica_id} was called outside the "
+                "strategy.run that made this context: after run returned, in cross-replica "
+                "context, or in a thread started inside the replica function (threads do not "
+                f"inherit the replica's context). Call {fix} in the replica function's own "
+                "thread, while run runs."
+            )
+        if current.strategy is self._strategy:
+            raise ContextError(
+                f"ReplicaContext.{what} of replica {self._replica_id} was called from replica "
+                f"{current.replica_id_in_sync_group}'s function (or another strategy.run). Each "
+                f"replica calls collectives on its own context: {fix}."
+            )
+        raise ContextError(
+            f"ReplicaContext.{what} of a {type(self._strategy).__name__} replica was called "
+            f"inside {type(current.strategy).__name__}.run. Call collectives on the running "
+            f"strategy's context: {fix}."
+        )
 
     def __repr__(self) -> str:
         return (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +25,7 @@ from nbdist.communication import CommunicationOptions
 from nbdist.cross_device_ops import CrossDeviceOps, NcclAllReduce
 from nbdist.devices import physical_device
 from nbdist.errors import (
+    BusyError,
     CollectiveMismatchError,
     ContextError,
     InvalidArgumentError,
@@ -84,6 +86,14 @@ class LocalStrategy(Strategy):
         )
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._streams: dict[int, Any] = {}
+        # Note [One run at a time]: the replicas of a strategy with several devices share one
+        # rendezvous (its collectives are numbered per run) and one pool of threads, so two
+        # threads' `run` calls would pair each other's collectives (wrong values, replicas
+        # that disagree) and then deadlock. A second call waits its turn, up to the strategy's
+        # collective timeout, then raises `BusyError`. A strategy with one device shares
+        # nothing between calls, so its calls run side by side.
+        self._run_lock = threading.Lock()
+        self._running_in: str | None = None
 
     # -- scope: capture modules -----------------------------------------------------------
     @contextlib.contextmanager
@@ -144,6 +154,30 @@ class LocalStrategy(Strategy):
                 if translated is error:
                     raise
                 raise translated from None
+        # Note [One run at a time]; plain calls, not context managers: this is every run's path.
+        if not self._run_lock.acquire(timeout=self._options.timeout):
+            raise self._busy()
+        self._running_in = threading.current_thread().name
+        key = context.begin_threaded_run(self)
+        try:
+            return self._run_replicas(fn, args, kwargs, count, grad_enabled)
+        finally:
+            context.end_threaded_run(key)
+            self._running_in = None
+            self._run_lock.release()
+
+    def _busy(self) -> BusyError:
+        return BusyError(
+            f"{type(self).__name__}.run waited {self._options.timeout:g} s for another "
+            f"thread's run on this strategy (from thread {self._running_in!r}) to finish, and "
+            "was not run. Calls to one strategy from several threads run one at a time: wait "
+            "for that call, call run from one thread, or raise the timeout with "
+            "CommunicationOptions(timeout_seconds=...)."
+        )
+
+    def _run_replicas(
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict, count: int, grad_enabled: bool
+    ) -> Any:
         self._group.begin_run()
         self._replicas.synchronize()
         self._replicas.active = True
