@@ -69,8 +69,10 @@ def first_bucket_bytes(device: torch.device, bytes_per_pack: int) -> int:
 class GradientBuckets:
     """Average the gradients of a set of parameters across all ranks after each backward.
 
-    Context: built in cross-replica context when a strategy's scope exits; active only while
-    `strategy.run` runs. Hangs if: never (collectives are checked and timed by `DistGroup`).
+    Context: built in cross-replica context when a strategy's scope exits; averages every
+    backward through its parameters, inside `strategy.run` or not (Note [Backward outside
+    run] in `nbdist.strategies.multi_worker`). Hangs if: never (collectives are checked and
+    timed by `DistGroup`: a backward on some workers only fails after the collective timeout).
     """
 
     def __init__(self, group: DistGroup, *, bytes_per_pack: int = 0, compression: str | None):
@@ -84,7 +86,6 @@ class GradientBuckets:
         self._touched: set[int] = set()
         self._pending = False
         self._start = 0.0
-        self.active = False
 
     def add(self, params: list[torch.nn.Parameter]) -> None:
         """Put new parameters into buckets and hook their gradient accumulation."""
@@ -132,8 +133,6 @@ class GradientBuckets:
     # -- during backward ------------------------------------------------------------------
     @eager_between_graphs
     def _on_grad(self, param: torch.Tensor) -> None:
-        if not self.active:
-            return
         if not self._pending:
             self._pending = True
             self._start = time.perf_counter()
