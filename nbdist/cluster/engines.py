@@ -171,6 +171,8 @@ class Cluster:
         self._group_prefix: str | None = None  # the group generation's prefix in the store
         self._generation = 0
         self._inflight: dict[int, set[Any]] = {}  # engine id -> requests not answered yet
+        self.last_replica_check: tuple[float, bool, str] | None = None
+        """(wall time, replicas identical, message) of the newest end-of-cell replica check."""
         self._strategy = EngineStrategy(self)
         self._progress: Callable[[str], None] = quiet
         self.start_seconds: float | None = None

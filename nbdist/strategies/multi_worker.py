@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -207,8 +206,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._names: dict[int, str] = {}  # captured tensor id -> "Module.attribute [shape]"
         self.replica_check_every = REPLICA_CHECK_EVERY
         self._steps = 0
-        self.last_replica_check: tuple[float, bool, str] | None = None
-        """(wall time, replicas identical, message) of the newest replica check."""
         self._buckets = (
             GradientBuckets(
                 self._group,
@@ -428,14 +425,19 @@ class MultiWorkerMirroredStrategy(Strategy):
         high, low = both[: len(names)], -both[len(names) :]
         bad = differing(high, low, numels)
         if not bad:
-            self.last_replica_check = (time.time(), True, "")
+            self._telemetry.note_replica_check(True)
             return
         spread = max(float(high[i, 1] - low[i, 1]) for i in bad)
         message = diverged_message(
             names, bad, when, f" (largest difference in a parameter's norm: {spread:.3g})"
         )
-        self.last_replica_check = (time.time(), False, message)
+        self._telemetry.note_replica_check(False, message)
         raise ReplicasDivergedError(message)
+
+    @property
+    def last_replica_check(self) -> tuple[float, bool, str] | None:
+        """(wall time, replicas identical, message) of the newest replica check, if any."""
+        return self._telemetry.replica_check
 
     def _after_optimizer_step(self) -> None:
         self._steps += 1
