@@ -126,6 +126,27 @@ class GradientBuckets:
             self._where[id(param)] = (index, slot)
             param.register_post_accumulate_grad_hook(self._on_grad)
 
+    def fingerprint(self) -> torch.Tensor:
+        """`(buckets, 2)` float64: the sum and norm (reduced in the parameters' own precision:
+        a float64 sum of float32 values costs ~10x more) of each bucket's parameters, for the
+        replica check (Note [Replica check]). Between backward passes a bucket's buffer is
+        free, so the parameters are copied into it with one multi-tensor copy and reduced in
+        two ops per bucket, not two per parameter (a compressed buffer is too coarse: those
+        buckets are concatenated instead)."""
+        rows = []
+        with torch.no_grad():
+            for bucket in self.buckets:
+                values = [p.detach() for p in bucket.params]
+                if bucket.buffer.dtype == values[0].dtype:
+                    foreach.copy_(bucket.views, values)
+                    flat = bucket.buffer
+                else:
+                    flat = torch.cat([v.reshape(-1) for v in values])
+                rows.append(torch.stack([flat.sum(), torch.linalg.vector_norm(flat)]).double())
+        if not rows:
+            return torch.zeros(0, 2, dtype=torch.float64)
+        return torch.stack(rows).cpu()
+
     def layout(self) -> list[torch.Tensor]:
         """One empty tensor per bucket, shaped like its buffer (for a cross-rank check)."""
         return [torch.empty(b.buffer.numel(), dtype=b.buffer.dtype) for b in self.buckets]

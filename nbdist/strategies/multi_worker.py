@@ -411,28 +411,47 @@ class MultiWorkerMirroredStrategy(Strategy):
         return names, [p.numel() for p in params], fingerprint(params)
 
     def check_replicas_identical(self, when: str = "on request") -> None:
-        """Compare the workers' mirrored parameters (Note [Replica check]); a collective.
+        """Compare the workers' mirrored parameters (Note [Replica check]); a collective that
+        every worker must call.
+
+        One fingerprint per gradient bucket travels in one small all-reduce; only when some
+        bucket differs are its parameters compared one by one (a second all-reduce, on every
+        worker alike: they all see the same reduced values), to name them.
 
         Raises:
             ReplicasDivergedError: on every worker, when any parameter differs.
+
+        Example:
+            >>> import nbdist as nd
+            >>> nd.MultiWorkerMirroredStrategy().check_replicas_identical()  # one worker: no-op
         """
-        if self._group is None:
+        if self._group is None or self._buckets is None or not self._buckets.buckets:
             return
-        names, numels, local = self.replica_fingerprint()
-        if not names:
-            return
-        both = self._group.all_reduce([torch.cat([local, -local])], ReduceOp.MAX)[0]
-        high, low = both[: len(names)], -both[len(names) :]
-        bad = differing(high, low, numels)
-        if not bad:
+        buckets = self._buckets.buckets
+        high, low = self._spread(self._buckets.fingerprint())
+        sizes = [int(b.buffer.numel()) for b in buckets]
+        bad_buckets = differing(high, low, sizes)
+        if not bad_buckets:
             self._telemetry.note_replica_check(True)
             return
-        spread = max(float(high[i, 1] - low[i, 1]) for i in bad)
+        params = [p for i in bad_buckets for p in buckets[i].params]
+        high, low = self._spread(fingerprint(params))
+        names = [self._names.get(id(p), f"parameter {i}") for i, p in enumerate(params)]
+        bad = differing(high, low, [p.numel() for p in params])
+        spread = max(float(high[i, 1] - low[i, 1]) for i in bad) if bad else 0.0
+        total = len(self._mirrored_parameters())
         message = diverged_message(
-            names, bad, when, f" (largest difference in a parameter's norm: {spread:.3g})"
-        )
+            names, bad, when, f" (largest difference in a parameter's norm: {spread:.3g})",
+            total=total,
+        )  # fmt: skip
         self._telemetry.note_replica_check(False, message)
         raise ReplicasDivergedError(message)
+
+    def _spread(self, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The largest and smallest values of `local` over the workers (one all-reduce)."""
+        assert self._group is not None
+        both = self._group.all_reduce([torch.cat([local, -local])], ReduceOp.MAX)[0]
+        return both[: len(local)], -both[len(local) :]
 
     @property
     def last_replica_check(self) -> tuple[float, bool, str] | None:
