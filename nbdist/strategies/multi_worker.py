@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -459,6 +460,8 @@ class MultiWorkerMirroredStrategy(Strategy):
         return self._telemetry.replica_check
 
     def _after_optimizer_step(self) -> None:
+        if _live.get(id(self)) is not self:  # shut down: no group to check over
+            return
         self._steps += 1
         every = self.replica_check_every
         if every and self._steps % every == 0:
@@ -554,11 +557,8 @@ def _count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
 def _refuse_ddp(module: torch.nn.Module, name: str, submodule: Any) -> None:
     """Refuse `DistributedDataParallel(model)` of a model whose parameters were created in a
     multi-worker scope: their gradients are already averaged (Note [Backward outside run])."""
-    if submodule is None or type(module).__name__ != "DistributedDataParallel":
-        return
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(module, DistributedDataParallel):
+    ddp = sys.modules.get("torch.nn.parallel.distributed")  # not imported: no DDP to refuse
+    if submodule is None or ddp is None or not isinstance(module, ddp.DistributedDataParallel):
         return
     params = list(submodule.parameters())
     if any(s._owns_parameters(params) for s in list(_live.values())):
