@@ -152,6 +152,11 @@ class MultiWorkerMirroredStrategy(Strategy):
     With no resolver it reads, in this order, `TF_CONFIG`, the torchrun variables and Slurm's;
     with none of them it is a single worker.
 
+    Every backward through parameters created in `scope()` averages their gradients, inside
+    `run` or not (Note [Backward outside run]); `check_replicas_identical()` compares the
+    workers' copies, and runs by itself every `replica_check_every` optimizer steps (100; 0
+    turns it off) and at the end of every `%%distribute` cell (Note [Replica check]).
+
     Args:
         cluster_resolver: Where the workers are; default: found from the environment.
         communication_options: `CommunicationOptions` (implementation, timeout, bucket size,
