@@ -166,3 +166,37 @@ def test_ddp_of_a_model_made_in_scope_is_refused_naming_the_fix(workers):
         assert name == "RedundantDDPError"
         assert "already averages" in message and "Drop the wrapper" in message
         assert out["ddp_plain"] is None
+
+
+ONE_SIDED = r"""
+import time
+import torch
+torch.set_num_threads(1)
+import nbdist as nd
+
+options = nd.experimental.CommunicationOptions(timeout_seconds=3)
+strategy = nd.MultiWorkerMirroredStrategy(communication_options=options)
+rank = strategy.cluster_resolver.task_id
+with strategy.scope():
+    model = torch.nn.Linear(4, 1)
+out = None
+if rank == 0:  # a backward on one worker only: it waits for the other, then names it
+    start = time.perf_counter()
+    try:
+        model(torch.ones(2, 4)).sum().backward()
+    except Exception as error:
+        out = [type(error).__name__, str(error), time.perf_counter() - start]
+else:
+    time.sleep(8)
+report(out)
+"""
+
+
+def test_backward_on_one_worker_only_names_the_missing_worker_after_the_timeout():
+    port = free_port()
+    results = run_workers(ONE_SIDED, [torchrun_env(r, 2, port) for r in range(2)], timeout=60)
+    assert_all_ok(results)
+    name, message, elapsed = results[0].result
+    assert name == "CollectiveTimeoutError"
+    assert "gradient all_reduce" in message and "rank 1 never called this collective" in message
+    assert elapsed < 30
