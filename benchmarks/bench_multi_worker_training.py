@@ -29,6 +29,12 @@ For information, each launch also times the same step on a third, local model wi
 communication at all: its steps/s over DDP's is the most any gradient sync (compressed or not)
 could gain over DDP on this machine.
 
+Replica check (Note [Replica check]): each launch also times
+`strategy.check_replicas_identical()` on the trained nbdist model, in lockstep blocks as the
+steps; its cost per training step is one check over `REPLICA_CHECK_EVERY` steps divided by
+nbdist's time per step (target: < 1 %). The step times above already include the checks that
+fell due and the per-step count that schedules them.
+
 Run: `python benchmarks/bench_multi_worker_training.py [--quick]`.
 """
 
@@ -66,6 +72,7 @@ PLAN = {"mlp": (5, 20), "small100": (10, 20)}
 LAUNCHES = 3
 TARGET = 1.0
 BF16_TARGET = 1.3
+CHECK_TARGET_PCT = 1.0  # the replica check's share of a step, in %
 
 
 def _build(name: str) -> Any:
@@ -153,6 +160,10 @@ def _time_model(strategy: Any, name: str, compression: str | None, inner: int, t
     local_optimizer = _sgd(local.parameters())
     variants["local (no communication)"] = lambda: _plain_step(local, local_optimizer, x, y)
     samples = lockstep(variants, trials=trials, inner=inner, barrier=dist.barrier)
+    samples["replica check"] = lockstep(
+        {"check": strategy.check_replicas_identical}, trials=trials, inner=inner,
+        barrier=dist.barrier,
+    )["check"]  # fmt: skip
     # Same steps from the same weights: how far apart did nbdist and DDP end up?
     with torch.no_grad():
         diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ddp.parameters()))
@@ -214,6 +225,22 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, dict[str, Any]] = {}
     stats: dict[str, Any] = {}
     checks = []
+    from nbdist.strategies.multi_worker import REPLICA_CHECK_EVERY
+
+    check_rows: list[list[str]] = []
+    check_costs: dict[str, dict[str, float]] = {}
+    for model in MODELS:
+        per_launch = [run[0]["samples"][model] for run in plain_runs]
+        one = median([median(s.pop("replica check")) for s in per_launch])
+        for run in plain_runs + bf16_runs:
+            for rank in run:
+                rank["samples"].get(model, {}).pop("replica check", None)
+        step = median([median(s["nbdist"]) for s in per_launch])
+        pct = 100 * one / REPLICA_CHECK_EVERY / step
+        check_costs[model] = {"check_s": one, "step_s": step, "percent_of_step": pct}
+        check_rows.append([model, fmt_time(one), fmt_time(step), f"{pct:.3f} %"])
+        checks.append(check(f"replica check share of a step (every {REPLICA_CHECK_EVERY}), "
+                            f"{model}", pct, "<", CHECK_TARGET_PCT, unit="%"))  # fmt: skip
     for label, runs, nb_name in (("", plain_runs, "nbdist"), (" bf16", bf16_runs, "nbdist bf16")):
         for model in runs[0][0]["samples"]:
             per_launch = [run[0]["samples"][model] for run in runs]
@@ -266,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     print("per launch (ratio of medians): " + "; ".join(
         f"{k} " + ", ".join(f"{x:.3f}x" for x in r["steps_per_s_ratio_per_launch"])
         for k, r in ratios.items()))  # fmt: skip
+    print(f"\nreplica check (every {REPLICA_CHECK_EVERY} optimizer steps):")
+    print(table(["model", "one check", "nbdist step", "share of a step"], check_rows))
     diffs = {m: max(run[0]["max_abs_diff"][m] for run in plain_runs) for m in MODELS}
     print(
         "\nmax |nbdist - DDP| over parameters after the same steps (fp32): "
@@ -285,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": ratios,
             "max_abs_diff_fp32": diffs,
             "max_abs_diff_bf16_vs_fp32_ddp": bf16_runs[0][0]["max_abs_diff"],
+            "replica_check": {"every": REPLICA_CHECK_EVERY, **check_costs},
             "launches": launches,
         },
     )  # fmt: skip

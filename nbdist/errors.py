@@ -25,8 +25,10 @@ __all__ = [
     "NbdistError",
     "PSUnavailableError",
     "ParameterInRunError",
+    "RedundantDDPError",
     "RendezvousError",
     "ReplicaReleasedError",
+    "ReplicasDivergedError",
     "StrategyMixingError",
     "UnknownArgumentError",
     "UnsupportedOptionError",
@@ -179,6 +181,21 @@ class CompiledCollectiveError(ContextError):
 class ParameterInRunError(ContextError):
     """A module parameter created inside `strategy.run` of a strategy with several replicas
     (compiled or not): each replica would get its own, never synchronised, parameter."""
+
+
+class ReplicasDivergedError(NbdistError, RuntimeError):
+    """The replicas' copies of parameters created in `strategy.scope()` are no longer
+    identical (found by the replica check: at the end of a `%%distribute` cell and every
+    `strategy.extended.replica_check_every` optimizer steps). The message names the parameters
+    and the usual causes; bring the replicas back together by restoring a checkpoint on every
+    replica."""
+
+
+class RedundantDDPError(NbdistError, TypeError):
+    """`torch.nn.parallel.DistributedDataParallel` wrapping a model created in
+    `strategy.scope()` of a `MultiWorkerMirroredStrategy`: nbdist already averages that
+    model's gradients in every backward, so DDP would synchronise them a second time. Use the
+    model without the wrapper."""
 
 
 class PSUnavailableError(NbdistError, RuntimeError):

@@ -118,6 +118,8 @@ class Telemetry:
         """Step records ever appended."""
         self._pending: dict[Hashable, tuple] = {}
         self._marks: collections.deque[tuple[float, str]] = collections.deque(maxlen=_MARKS)
+        self.replica_check: tuple[float, bool, str] | None = None
+        """(wall time, replicas identical, message) of the newest replica check, if any."""
 
     def _make_room(self) -> None:
         if len(self._log) == self._capacity:
@@ -222,6 +224,18 @@ class Telemetry:
             self._marks.append((time.perf_counter(), label))
             self.version += 1
 
+    def note_replica_check(self, identical: bool, message: str = "") -> None:
+        """Record the outcome of a replica check (the dashboard flags replicas that diverge).
+
+        Example:
+            >>> t = Telemetry()
+            >>> t.note_replica_check(False, "replicas differ")
+            >>> t.snapshot()["replica_check"][1:]
+            (False, 'replicas differ')
+        """
+        self.replica_check = (time.time(), identical, message)
+        self.version += 1
+
     def _marks_wall_clock(self) -> list[tuple[float, str]]:
         offset = self._offset
         return [(at + offset, label) for at, label in list(self._marks)]
@@ -258,6 +272,7 @@ class Telemetry:
             "marks": self._marks_wall_clock(),
             "appended": self.appended,
             "steps_appended": self.steps_appended,
+            "replica_check": self.replica_check,
         }
 
     def snapshot(self) -> dict:
@@ -266,8 +281,9 @@ class Telemetry:
         Example:
             >>> t = Telemetry()
             >>> t.record("all_gather", 8, "local", (0,), now(), 0.001, (0.0,))
-            >>> sorted(Telemetry().snapshot())
-            ['aggregates', 'appended', 'collectives', 'marks', 'pending', 'steps', 'steps_appended']
+            >>> sorted(Telemetry().snapshot())  # doctest: +NORMALIZE_WHITESPACE
+            ['aggregates', 'appended', 'collectives', 'marks', 'pending', 'replica_check', 'steps',
+             'steps_appended']
         """
         offset = self._offset
         collectives = [_as_tuple(entry, offset) for entry in list(self._log)]
@@ -281,6 +297,7 @@ class Telemetry:
             "aggregates": aggregates,
             "appended": self.appended,
             "steps_appended": self.steps_appended,
+            "replica_check": self.replica_check,
         }
 
     def records(self, last: int | None = None) -> list[CollectiveRecord]:

@@ -193,6 +193,8 @@ class Cluster:
         self._inflight: dict[int, set[Any]] = {}  # engine id -> requests not answered yet
         self._turn_lock = threading.Lock()  # Note [One call at a time]
         self._turn_holder: str | None = None
+        self.last_replica_check: tuple[float, bool, str] | None = None
+        """(wall time, replicas identical, message) of the newest end-of-cell replica check."""
         self._strategy = EngineStrategy(self)
         self._progress: Callable[[str], None] = quiet
         self.start_seconds: float | None = None

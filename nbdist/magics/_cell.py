@@ -9,6 +9,11 @@ evaluates a final expression, IPython-style. It never raises: it replies with a 
 not one per engine), sends it, prints the engines' output live, prefixed by replica id, and
 waits under the same supervision as `cluster.strategy.run` (an engine that failed while its
 peers are blocked in a collective releases them; Ctrl-C and timeouts interrupt the engines).
+
+Each engine's reply carries the fingerprint of its mirrored parameters (Note [Replica check]
+in `nbdist.strategies._replica_check`), and the notebook compares them once the cell has run
+everywhere: no collective among the engines (a cell that failed on one engine cannot leave the
+others waiting in it), and parameters that differ raise `ReplicasDivergedError` here.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
         exec(compile(tree, filename, "exec"), namespace)
         value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
         show_figures()
+        check = _replica_fingerprint()
     except BaseException as error:  # reported to the notebook, never raised here
         with contextlib.suppress(Exception):
             show_figures()  # what was drawn before the error, as a notebook shows it
@@ -84,7 +90,21 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
             traceback="",
         )
         return reply
-    return {"ok": True, "value": data, "elapsed": time.perf_counter() - start}
+    reply = {"ok": True, "value": data, "elapsed": time.perf_counter() - start}
+    if check is not None:
+        reply["fingerprint"] = check
+    return reply
+
+
+def _replica_fingerprint() -> tuple[list[str], list[int], list[list[float]]] | None:
+    """This engine's mirrored parameters: names, sizes and fingerprint (None: none)."""
+    from nbdist.cluster.engine_side.state import current_strategy
+
+    method = getattr(current_strategy(), "replica_fingerprint", None)
+    if method is None:
+        return None
+    names, numels, values = method()
+    return (names, numels, values.tolist()) if names else None
 
 
 def _mark_cell_start(filename: str) -> None:
@@ -286,6 +306,7 @@ def _run_cell(
         raise error from None
     _finish_output(parts, streams)
     replies = checked_replies(cluster, engines, parts, supervisor, _WHAT, fix="`%dist restart`")
+    check_replicas(cluster, [info.rank for info in engines], replies)
     values = []
     for info, reply in zip(engines, replies):
         try:
@@ -299,6 +320,43 @@ def _run_cell(
     if all(value is None for value in values):
         return None
     return PerReplica(values)
+
+
+def check_replicas(cluster: Cluster, ranks: list[int], replies: list[dict[str, Any]]) -> None:
+    """Compare the engines' fingerprints of their mirrored parameters (Note [Replica check]);
+    record the outcome for the dashboard on `cluster.last_replica_check`.
+
+    Raises:
+        ReplicasDivergedError: some replica's parameters differ from the others'.
+    """
+    prints = [reply.get("fingerprint") for reply in replies]
+    if len(prints) < 2 or any(p is None for p in prints):
+        return
+    names, numels = prints[0][0], prints[0][1]
+    if any(p[0] != names for p in prints):
+        return  # different models on different engines: nothing to compare
+    import torch
+
+    from nbdist.errors import ReplicasDivergedError
+    from nbdist.strategies._replica_check import differing, diverged_message
+
+    values = torch.tensor([p[2] for p in prints], dtype=torch.float64)
+    bad = differing(values.amax(0), values.amin(0), numels)
+    if not bad:
+        cluster.last_replica_check = (time.time(), True, "")
+        return
+    first = values[0]
+    others = [
+        rank
+        for rank, mine in zip(ranks[1:], values[1:])
+        if differing(torch.maximum(first, mine), torch.minimum(first, mine), numels)
+    ]
+    message = diverged_message(
+        names, bad, "at the end of the %%distribute cell",
+        f" (replica(s) {others} differ from replica {ranks[0]})",
+    )  # fmt: skip
+    cluster.last_replica_check = (time.time(), False, message)
+    raise ReplicasDivergedError(message)
 
 
 def _finish_output(parts: list[Any], streams: _Streams) -> None:

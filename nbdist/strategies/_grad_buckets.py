@@ -69,8 +69,10 @@ def first_bucket_bytes(device: torch.device, bytes_per_pack: int) -> int:
 class GradientBuckets:
     """Average the gradients of a set of parameters across all ranks after each backward.
 
-    Context: built in cross-replica context when a strategy's scope exits; active only while
-    `strategy.run` runs. Hangs if: never (collectives are checked and timed by `DistGroup`).
+    Context: built in cross-replica context when a strategy's scope exits; averages every
+    backward through its parameters, inside `strategy.run` or not (Note [Backward outside
+    run] in `nbdist.strategies.multi_worker`). Hangs if: never (collectives are checked and
+    timed by `DistGroup`: a backward on some workers only fails after the collective timeout).
     """
 
     def __init__(self, group: DistGroup, *, bytes_per_pack: int = 0, compression: str | None):
@@ -84,7 +86,6 @@ class GradientBuckets:
         self._touched: set[int] = set()
         self._pending = False
         self._start = 0.0
-        self.active = False
 
     def add(self, params: list[torch.nn.Parameter]) -> None:
         """Put new parameters into buckets and hook their gradient accumulation."""
@@ -125,6 +126,27 @@ class GradientBuckets:
             self._where[id(param)] = (index, slot)
             param.register_post_accumulate_grad_hook(self._on_grad)
 
+    def fingerprint(self) -> torch.Tensor:
+        """`(buckets, 2)` float64: the sum and norm (reduced in the parameters' own precision:
+        a float64 sum of float32 values costs ~10x more) of each bucket's parameters, for the
+        replica check (Note [Replica check]). Between backward passes a bucket's buffer is
+        free, so the parameters are copied into it with one multi-tensor copy and reduced in
+        two ops per bucket, not two per parameter (a compressed buffer is too coarse: those
+        buckets are concatenated instead)."""
+        rows = []
+        with torch.no_grad():
+            for bucket in self.buckets:
+                values = [p.detach() for p in bucket.params]
+                if bucket.buffer.dtype == values[0].dtype:
+                    foreach.copy_(bucket.views, values)
+                    flat = bucket.buffer
+                else:
+                    flat = torch.cat([v.reshape(-1) for v in values])
+                rows.append(torch.stack([flat.sum(), torch.linalg.vector_norm(flat)]).double())
+        if not rows:
+            return torch.zeros(0, 2, dtype=torch.float64)
+        return torch.stack(rows).cpu()
+
     def layout(self) -> list[torch.Tensor]:
         """One empty tensor per bucket, shaped like its buffer (for a cross-rank check)."""
         return [torch.empty(b.buffer.numel(), dtype=b.buffer.dtype) for b in self.buckets]
@@ -132,8 +154,6 @@ class GradientBuckets:
     # -- during backward ------------------------------------------------------------------
     @eager_between_graphs
     def _on_grad(self, param: torch.Tensor) -> None:
-        if not self.active:
-            return
         if not self._pending:
             self._pending = True
             self._start = time.perf_counter()

@@ -133,11 +133,21 @@ class ReplicaParameters:
         return id(tensor) in self._index
 
     def synchronize(self) -> None:
-        """Broadcast every captured tensor changed outside a training step to all replicas."""
+        """Broadcast every captured tensor changed outside a training step to all replicas.
+
+        A parameter changed outside `run` (an `optimizer.step()` in the cross-replica context,
+        `load_state_dict`) may come with optimizer state changed there too (momentum): the
+        replicas' shadow optimizers are then made again from the optimizer's state, as replica
+        0's parameters are copied, or the other replicas would step from their old state and
+        drift apart.
+        """
         for i, original in enumerate(self._originals):
             if not self._components[i]:
                 self._create_components(i, original)
             elif tensor_version(original) != self._versions[i]:
+                if self._synced[i]:
+                    with self._shadow_lock:
+                        self._shadows.clear()
                 with torch.no_grad():
                     for k, component in enumerate(self._components[i]):
                         if component is not original and not self._aliases[i][k]:

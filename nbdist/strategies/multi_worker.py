@@ -3,8 +3,21 @@
 Each process holds one replica (its GPU, chosen by `LOCAL_RANK`, or one CPU replica), so the
 replica id is the process's rank. The same training step that runs in one process runs here
 unchanged: modules created in `scope()` are broadcast from rank 0 and their gradients averaged
-in buckets during backward (Note [Gradient buckets]); `reduce`, `gather` and the replica
-collectives run across the workers (Note [Checked collectives]).
+in buckets during every backward, inside `strategy.run` or not (Note [Backward outside run]);
+`reduce`, `gather` and the replica collectives run across the workers (Note [Checked
+collectives]). The replica check (Note [Replica check]) turns parameters that differ across
+workers, however caused, into `ReplicasDivergedError`.
+
+Note [Backward outside run]: a DDP user ports `opt.zero_grad(); loss.backward(); opt.step()`
+as it is, at the top of a `%%distribute` cell or a torchrun script, with no `strategy.run`.
+Each worker holds exactly one replica, so such a step is the same computation as inside `run`,
+and its backward averages the gradients of the parameters created in scope exactly as inside
+`run` (DDP's contract: every backward through the wrapped model synchronises). Refusing it would
+break the DDP port for nothing; skipping it would let the workers drift apart silently. Gradients
+that must stay local: `strategy.scope(sync_gradients=False)` or `torch.autograd.grad`, which
+never writes `.grad` and so never triggers the averaging. As with DDP, every worker must run
+the same backward passes (a backward on some workers only waits for the others in the
+gradient all-reduce until the collective timeout, which names the missing workers).
 """
 
 from __future__ import annotations
@@ -12,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -31,10 +45,13 @@ from nbdist.errors import (
     ClusterConfigError,
     CollectiveMismatchError,
     InvalidArgumentError,
+    RedundantDDPError,
+    ReplicasDivergedError,
 )
 from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
 from nbdist.strategies._compiled import translate_compile_error
 from nbdist.strategies._grad_buckets import GradientBuckets
+from nbdist.strategies._replica_check import differing, diverged_message, fingerprint
 from nbdist.strategies.base import ReplicaContext, Strategy
 from nbdist.values import DistributedValues, select_replica
 from nbdist.variables import (
@@ -52,6 +69,8 @@ __all__ = [
 ]
 
 _WORKER_JOBS = ("chief", "worker")
+REPLICA_CHECK_EVERY = 100
+"""Optimizer steps between two replica checks (Note [Replica check]); 0 turns them off."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +152,11 @@ class MultiWorkerMirroredStrategy(Strategy):
     With no resolver it reads, in this order, `TF_CONFIG`, the torchrun variables and Slurm's;
     with none of them it is a single worker.
 
+    Every backward through parameters created in `scope()` averages their gradients, inside
+    `run` or not (Note [Backward outside run]); `check_replicas_identical()` compares the
+    workers' copies, and runs by itself every `replica_check_every` optimizer steps (100; 0
+    turns it off) and at the end of every `%%distribute` cell (Note [Replica check]).
+
     Args:
         cluster_resolver: Where the workers are; default: found from the environment.
         communication_options: `CommunicationOptions` (implementation, timeout, bucket size,
@@ -185,6 +209,9 @@ class MultiWorkerMirroredStrategy(Strategy):
             )
         self._captured: list[torch.Tensor] = []
         self._captured_ids: set[int] = set()
+        self._names: dict[int, str] = {}  # captured tensor id -> "Module.attribute [shape]"
+        self.replica_check_every = REPLICA_CHECK_EVERY
+        self._steps = 0
         self._buckets = (
             GradientBuckets(
                 self._group,
@@ -231,6 +258,8 @@ class MultiWorkerMirroredStrategy(Strategy):
             ):
                 self._captured_ids.add(id(tensor))
                 self._captured.append(tensor)
+                shape = list(tensor.shape)
+                self._names[id(tensor)] = f"{type(module).__name__}.{name} {shape}"
                 fresh.append(tensor)
 
         handles = [
@@ -260,9 +289,8 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         # `run` has entered `_replica_in_this_thread()`, this worker's one replica context.
-        buckets = self._buckets
-        if buckets is not None:
-            buckets.active = True
+        # The gradient buckets average every backward, in `run` or not (Note [Backward
+        # outside run]): nothing to switch on here.
         try:
             args = select_replica(0, args) if args else args
             if kwargs:
@@ -278,14 +306,11 @@ class MultiWorkerMirroredStrategy(Strategy):
                 # and the group stays healthy.
                 raise translated from None
             if self._group is not None and not isinstance(
-                error, (KeyboardInterrupt, CollectiveMismatchError)
+                error, (KeyboardInterrupt, CollectiveMismatchError, ReplicasDivergedError)
             ):
                 self._group.publish_failure(f"{type(error).__name__}: {error}")
             _label(error, self._worker_index, self.num_replicas_in_sync)
             raise
-        finally:
-            if buckets is not None:
-                buckets.active = False
 
     # -- collectives ----------------------------------------------------------------------
     def _timeout(self, options: Any) -> float | None:
@@ -381,6 +406,79 @@ class MultiWorkerMirroredStrategy(Strategy):
         )  # fmt: skip
 
     # -- checks ---------------------------------------------------------------------------
+    def _mirrored_parameters(self) -> list[torch.Tensor]:
+        """The parameters whose gradients are averaged, in bucket order (the same on every
+        worker: the layout is checked when the scope exits)."""
+        if self._buckets is None:
+            return []
+        return [p for bucket in self._buckets.buckets for p in bucket.params]
+
+    def replica_fingerprint(self) -> tuple[list[str], list[int], torch.Tensor]:
+        """Names, sizes and `fingerprint` of this worker's mirrored parameters (no collective)."""
+        params = self._mirrored_parameters()
+        names = [self._names.get(id(p), f"parameter {i}") for i, p in enumerate(params)]
+        return names, [p.numel() for p in params], fingerprint(params)
+
+    def check_replicas_identical(self, when: str = "on request") -> None:
+        """Compare the workers' mirrored parameters (Note [Replica check]); a collective that
+        every worker must call.
+
+        One fingerprint per gradient bucket travels in one small all-reduce; only when some
+        bucket differs are its parameters compared one by one (a second all-reduce, on every
+        worker alike: they all see the same reduced values), to name them.
+
+        Raises:
+            ReplicasDivergedError: on every worker, when any parameter differs.
+
+        Example:
+            >>> import nbdist as nd
+            >>> nd.MultiWorkerMirroredStrategy().check_replicas_identical()  # one worker: no-op
+        """
+        if self._group is None or self._buckets is None or not self._buckets.buckets:
+            return
+        buckets = self._buckets.buckets
+        high, low = self._spread(self._buckets.fingerprint())
+        sizes = [int(b.buffer.numel()) for b in buckets]
+        bad_buckets = differing(high, low, sizes)
+        if not bad_buckets:
+            self._telemetry.note_replica_check(True)
+            return
+        params = [p for i in bad_buckets for p in buckets[i].params]
+        high, low = self._spread(fingerprint(params))
+        names = [self._names.get(id(p), f"parameter {i}") for i, p in enumerate(params)]
+        bad = differing(high, low, [p.numel() for p in params])
+        spread = max(float(high[i, 1] - low[i, 1]) for i in bad) if bad else 0.0
+        total = len(self._mirrored_parameters())
+        message = diverged_message(
+            names, bad, when, f" (largest difference in a parameter's norm: {spread:.3g})",
+            total=total,
+        )  # fmt: skip
+        self._telemetry.note_replica_check(False, message)
+        raise ReplicasDivergedError(message)
+
+    def _spread(self, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The largest and smallest values of `local` over the workers (one all-reduce)."""
+        assert self._group is not None
+        both = self._group.all_reduce([torch.cat([local, -local])], ReduceOp.MAX)[0]
+        return both[: len(local)], -both[len(local) :]
+
+    @property
+    def last_replica_check(self) -> tuple[float, bool, str] | None:
+        """(wall time, replicas identical, message) of the newest replica check, if any."""
+        return self._telemetry.replica_check
+
+    def _after_optimizer_step(self) -> None:
+        if _live.get(id(self)) is not self:  # shut down: no group to check over
+            return
+        self._steps += 1
+        every = self.replica_check_every
+        if every and self._steps % every == 0:
+            self.check_replicas_identical(f"after optimizer step {self._steps}")
+
+    def _owns_parameters(self, params: list[torch.Tensor]) -> bool:
+        buckets = self._buckets
+        return buckets is not None and any(id(p) in buckets._where for p in params)
+
     def warn_if_not_captured(self, params: list[torch.Tensor]) -> None:
         """Warn once when parameters made outside `scope()` are trained inside `run`."""
         if self._warned_outside or self._group is None:
@@ -434,10 +532,55 @@ class _WorkerReduction(CrossDeviceOps):
 
 
 def _install_outside_scope_check() -> None:
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torch.nn.modules.module import register_module_module_registration_hook
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
 
     if not _outside_scope_hook:
         _outside_scope_hook.append(register_optimizer_step_pre_hook(_check_outside_scope))
+        _outside_scope_hook.append(register_optimizer_step_post_hook(_count_step))
+        _outside_scope_hook.append(register_module_module_registration_hook(_refuse_ddp))
+
+
+_owner: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, Any]] = (
+    weakref.WeakKeyDictionary()
+)  # optimizer -> (number of its parameters when looked up, weak ref to its strategy or None)
+
+
+def _count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """After each optimizer step over mirrored parameters, in `run` or not: count it and run
+    the replica check every `replica_check_every` steps (Note [Replica check])."""
+    if torch.compiler.is_compiling():
+        return
+    count = sum(len(group["params"]) for group in optimizer.param_groups)
+    known = _owner.get(optimizer)
+    if known is None or known[0] != count:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        found = next((s for s in _live.values() if s._owns_parameters(params)), None)
+        known = (count, weakref.ref(found) if found is not None else None)
+        _owner[optimizer] = known
+    strategy = known[1]() if known[1] is not None else None
+    if strategy is not None:
+        strategy._after_optimizer_step()
+
+
+def _refuse_ddp(module: torch.nn.Module, name: str, submodule: Any) -> None:
+    """Refuse `DistributedDataParallel(model)` of a model whose parameters were created in a
+    multi-worker scope: their gradients are already averaged (Note [Backward outside run])."""
+    ddp = sys.modules.get("torch.nn.parallel.distributed")  # not imported: no DDP to refuse
+    if submodule is None or ddp is None or not isinstance(module, ddp.DistributedDataParallel):
+        return
+    params = list(submodule.parameters())
+    if any(s._owns_parameters(params) for s in list(_live.values())):
+        raise RedundantDDPError(
+            "DistributedDataParallel(model) wraps a model created in strategy.scope(): nbdist "
+            "already averages its gradients across the workers in every backward (inside "
+            "strategy.run and outside it), so DDP would synchronise them a second time. Drop "
+            "the wrapper: train `model` itself (model(x), model.parameters(), "
+            "model.state_dict())."
+        )
 
 
 _outside_scope_hook: list[Any] = []

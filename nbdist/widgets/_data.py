@@ -2,8 +2,9 @@
 
 `source_for(target)` picks the source; `source.collect()` returns one plain dict:
 `engines` (rows), `collectives`/`steps` (telemetry tuples, wall-clock times), `aggregates`,
-`metrics` (`(replica, step, name, value, wall)`), `holdings` and `memory` per replica, and a
-`note` for the user.
+`metrics` (`(replica, step, name, value, wall)`), `holdings` and `memory` per replica,
+`replica_check` (the newest replica check: `(wall, identical, message)` or None; Note [Replica
+check]) and a `note` for the user.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class LocalSource:
             "metrics": metric_log().records(),
             "holdings": {0: rows},
             "memory": {0: memory},
+            "replica_check": snap.get("replica_check"),
             "note": self.note,
         }
 
@@ -106,6 +108,7 @@ class ClusterSource:
             snap["metrics_appended"] = feed["metrics_appended"]
         tel["pending"] = new.get("pending", [])
         tel["marks"] = new.get("marks", tel.get("marks", []))  # all of them: a short list
+        tel["replica_check"] = new.get("replica_check", tel.get("replica_check"))
         snap["memory"] = feed["memory"]
         snap["time"] = feed["time"]
         self._seen[rank] = feed["time"]
@@ -170,8 +173,23 @@ class ClusterSource:
             ),
             "holdings": {r: s["holdings"] for r, s in self._snapshots.items()},
             "memory": {r: s["memory"] for r, s in self._snapshots.items()},
+            "replica_check": newest_check(
+                [getattr(self.cluster, "last_replica_check", None)]
+                + [s["telemetry"].get("replica_check") for s in self._snapshots.values()]
+            ),
             "note": note,
         }
+
+
+def newest_check(checks: list[Any]) -> tuple[float, bool, str] | None:
+    """The newest of the replica checks given (None where none ran).
+
+    Example:
+        >>> newest_check([None, (1.0, True, ""), (2.0, False, "differ")])
+        (2.0, False, 'differ')
+    """
+    found = [tuple(c) for c in checks if c]
+    return max(found, key=lambda c: c[0]) if found else None
 
 
 def _common_tails(telemetry: list[dict], key: str, count: str) -> list[list[tuple]]:

@@ -1,9 +1,13 @@
 """The training view: every `nd.log` metric as one curve per replica, steps per second, and a
-flag when the replicas' values diverge."""
+flag when the replicas' parameters diverge.
+
+The flag comes from the replica check (Note [Replica check] in
+`nbdist.strategies._replica_check`), which compares the parameters themselves: per-replica
+losses differ whenever the replicas see different data, and equal losses prove nothing about
+the parameters, so the curves are never used for it."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import ipywidgets
@@ -11,9 +15,6 @@ import ipywidgets
 from nbdist.widgets._canvas import new_figure, png_bytes
 
 __all__ = ["TrainingView", "curves", "draw_training"]
-
-_DIVERGE = 0.05  # relative spread of the replicas' recent means that is flagged
-_RECENT = 10  # values per replica averaged before comparing (one noisy step flags nothing)
 
 
 def curves(metrics: list[tuple]) -> dict[str, dict[int, tuple[list, list]]]:
@@ -26,12 +27,15 @@ def curves(metrics: list[tuple]) -> dict[str, dict[int, tuple[list, list]]]:
     return out
 
 
-def _diverged(per_replica: dict[int, tuple[list, list]]) -> bool:
-    last = [sum(ys[-_RECENT:]) / len(ys[-_RECENT:]) for _, ys in per_replica.values() if ys]
-    if len(last) < 2 or not all(math.isfinite(v) for v in last):
-        return False
-    scale = max(abs(v) for v in last) or 1.0
-    return (max(last) - min(last)) / scale > _DIVERGE
+def diverged(data: dict) -> bool:
+    """True when the newest replica check found the replicas' parameters different.
+
+    Example:
+        >>> diverged({"replica_check": (1.0, False, "differ")}), diverged({})
+        (True, False)
+    """
+    check = data.get("replica_check")
+    return bool(check) and not check[1]
 
 
 def steps_per_second(metrics: list[tuple]) -> float:
@@ -46,6 +50,10 @@ def steps_per_second(metrics: list[tuple]) -> float:
 def draw_training(fig: Any, data: dict) -> None:
     """Draw one panel per metric into `fig`."""
     by_name = curves(data["metrics"])
+    flag = "  ⚠ replicas diverge" if diverged(data) else ""
+    if flag:
+        fig.text(0.03, 0.98, "⚠ replicas diverge: their parameters differ (ReplicasDivergedError)",
+                 ha="left", va="top", fontsize=9, color="#e63946")  # fmt: skip
     if not by_name:
         ax = fig.subplots()
         ax.axis("off")
@@ -61,7 +69,6 @@ def draw_training(fig: Any, data: dict) -> None:
     for ax, (name, per_replica) in zip(axes, sorted(by_name.items())):
         for replica, (xs, ys) in sorted(per_replica.items()):
             ax.plot(xs, ys, label=f"replica {replica}", linewidth=1)
-        flag = "  ⚠ replicas diverge" if _diverged(per_replica) else ""
         ax.set_title(f"{name}{flag}", fontsize=9, color="#e63946" if flag else "black")
         ax.set_xlabel("step")
         ax.legend(fontsize=7, loc="upper right")
@@ -81,7 +88,7 @@ class TrainingView:
 
     def update(self, data: dict) -> bool:
         metrics = data["metrics"]
-        key = (len(metrics), metrics[-1][4] if metrics else None)
+        key = (len(metrics), metrics[-1][4] if metrics else None, data.get("replica_check"))
         if key == self.key:
             return False
         self.key = key

@@ -180,6 +180,47 @@ model.weight.detach().clone()
     assert "[0] step 2 loss" in out and "[1] step 2 loss" in out
 
 
+def test_ddp_style_step_outside_run_keeps_replicas_identical_and_divergence_is_named(dist_shell):
+    # The literal port of PyTorch's DDP tutorial: no strategy.run, each engine its own data.
+    cell = """
+import os
+torch.manual_seed(int(os.environ['RANK']))
+with strategy.scope():
+    toy = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.ReLU(), torch.nn.Linear(10, 5))
+    toy_optimizer = torch.optim.SGD(toy.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(int(os.environ['RANK']))
+for _ in range(3):
+    toy_optimizer.zero_grad()
+    x, y = torch.randn(20, 10, generator=g), torch.randn(20, 5, generator=g)
+    torch.nn.MSELoss()(toy(x), y).backward()
+    toy_optimizer.step()
+[p.detach().clone() for p in toy.parameters()]
+"""
+    first, second = distribute(dist_shell, cell).values
+    for mine, theirs in zip(first, second):
+        assert torch.equal(mine, theirs)  # bit-identical: the gradients were averaged
+
+    # Parameters changed on one replica only: named at the end of the cell, with the fix.
+    cell = "with torch.no_grad():\n    if os.environ['RANK'] == '1':\n        toy[2].bias[0] += 1"
+    with pytest.raises(nd.errors.ReplicasDivergedError) as info:
+        distribute(dist_shell, cell)
+    message = str(info.value)
+    assert re.search(r"copies of 1 of \d+ parameter\(s\)", message), message
+    assert "(Linear.bias [5])" in message
+    assert "at the end of the %%distribute cell (replica(s) [1] differ from replica 0)" in message
+    assert "strategy.extended.broadcast_from_first" in message
+    from nbdist.widgets._data import ClusterSource
+
+    check = ClusterSource(current_cluster()).collect()["replica_check"]
+    assert check[1] is False and check[2] == message  # the dashboard's "diverge" flag
+    fix = (
+        "with torch.no_grad():\n"
+        "    [p.copy_(strategy.extended.broadcast_from_first(p)) for p in toy.parameters()]"
+    )
+    assert distribute(dist_shell, fix + "\n1").values == (1, 1)
+    assert ClusterSource(current_cluster()).collect()["replica_check"][1] is True
+
+
 def test_error_on_one_replica_raises_one_remote_error_and_the_next_cell_works(dist_shell):
     cell = "if os.environ['RANK'] == '1':\n    raise ValueError('bad value on one')\n'ok'"
     with pytest.raises(RemoteError) as info:
