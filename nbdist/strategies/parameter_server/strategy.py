@@ -101,6 +101,7 @@ class ParameterServerStrategy(Strategy):
         self._count = itertools.count()  # round-robin over ps tasks
         self._ids = itertools.count(1)
         self._names: dict[str, int] = {}
+        self._optimizer_ids: dict[int, int] = {}  # id(optimizer) -> its id on the ps tasks
         self.worker_channels: list[Any] | None = None
         """Set by `nd.Cluster`: how to reach each worker (engines); else sockets to the
         worker tasks' addresses (`nd.Server`)."""
@@ -276,10 +277,34 @@ class ParameterServerStrategy(Strategy):
         """What travels to a worker instead of `obj` (closures.dumps_closure), else None."""
         if obj is self:
             return ("strategy",)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self._optimizer_reference(obj)
         spec = self._specs.get(id(obj))
         if spec is not None and self._objects.get(spec.vid) is obj:
             return ("var", spec)
         return None
+
+    def _optimizer_reference(self, optimizer: torch.optim.Optimizer) -> Any:
+        """An optimizer of this strategy's parameters travels as a reference: its state lives
+        on the ps tasks with the parameters (`optimizers`), so it lasts across functions."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        ours = [id(p) in self._specs for p in params]
+        if not any(ours):
+            return None  # an optimizer of other tensors travels by value, as before
+        if not all(ours):
+            raise ArgumentTypeError(
+                f"{type(optimizer).__name__} trains both parameters created in this "
+                "ParameterServerStrategy's scope() and others: its state cannot live on the ps "
+                "tasks. Create the model in strategy.scope() and give the optimizer only its "
+                "parameters."
+            )
+        from nbdist.strategies.parameter_server.optimizers import OptimizerRef
+
+        oid = self._optimizer_ids.get(id(optimizer))
+        if oid is None:
+            oid = self._optimizer_ids[id(optimizer)] = next(self._ids)
+            self._objects[oid] = optimizer  # keeps the id valid
+        return ("optimizer", OptimizerRef(oid, type(optimizer), optimizer.__getstate__()))
 
     # -- run happens on workers ---------------------------------------------------------------
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:

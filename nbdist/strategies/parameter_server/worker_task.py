@@ -23,10 +23,10 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-import cloudpickle
 import torch
 
 from nbdist.errors import ContextError, InvalidArgumentError, is_nbdist_file
+from nbdist.strategies.parameter_server import optimizers
 from nbdist.strategies.parameter_server.closures import VarSpec, loads_closure
 from nbdist.strategies.parameter_server.transport import PSClient
 
@@ -71,6 +71,19 @@ class WorkerStrategy:
     def experimental_local_results(self, value: Any) -> tuple:
         return (value,)
 
+    def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
+        """`dataset_fn(input_context)` for this worker, as TF's parameter-server strategy
+        calls it: each worker is its own input pipeline, so the context says one pipeline
+        (`num_input_pipelines=1`, `input_pipeline_id=0`) and one replica; the dataset is
+        returned as it is (batched per worker)."""
+        from nbdist.input import InputContext
+
+        return dataset_fn(InputContext(1, 0, 1))
+
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        """The dataset itself: on a worker, one replica takes every batch."""
+        return dataset
+
     @contextlib.contextmanager
     def scope(self) -> Iterator[WorkerStrategy]:
         yield self
@@ -83,8 +96,18 @@ def worker_info() -> dict[str, Any]:
 
 def make_dataset(dataset_id: int, fn_bytes: bytes) -> dict[str, Any]:
     """Build per-worker dataset `dataset_id` here by calling its pickled `dataset_fn()`."""
+
+    def resolve(ref: Any) -> Any:
+        if ref[0] == "strategy":
+            return WorkerStrategy()
+        raise ContextError(
+            f"dataset_fn uses {ref[0]} {getattr(ref[1], 'name', '')!r} of the strategy: a "
+            "per-worker dataset is built once per worker, before any function runs. Pass "
+            "numbers or tensors to dataset_fn instead (read the variable on the chief first)."
+        )
+
     try:
-        fn = cloudpickle.loads(fn_bytes)
+        fn = loads_closure(fn_bytes, resolve)
         _state["datasets"][dataset_id] = fn()
         for key in [k for k in _state["iterators"] if k[0] == dataset_id]:
             del _state["iterators"][key]
@@ -123,6 +146,7 @@ def _tensor_of(obj: Any) -> torch.Tensor:
 def run_closure(payload: bytes) -> dict[str, Any]:
     """Run one scheduled function here (see the module docstring)."""
     used: dict[int, VarSpec] = {}
+    opts: dict[int, optimizers.WorkerOptimizer] = {}  # optimizer id -> rebuilt here
     try:
         header = pickle.loads(payload)
         addresses: list[str] = header["ps"]
@@ -136,6 +160,13 @@ def run_closure(payload: bytes) -> dict[str, Any]:
                 return _local_object(spec)
             if kind == "strategy":
                 return WorkerStrategy()
+            if kind == "optimizer":
+                # Its parameters arrived as this worker's copies (resolved above).
+                described: optimizers.OptimizerRef = ref[1]
+                if described.oid not in opts:
+                    specs = {id(obj): spec for spec, obj in _state["vars"].values()}
+                    opts[described.oid] = optimizers.rebuild(described, specs)
+                return opts[described.oid].optimizer
             if kind == "dataset":
                 return _dataset(ref[1])
             if kind == "iterator":
@@ -147,9 +178,17 @@ def run_closure(payload: bytes) -> dict[str, Any]:
 
         fn, args, kwargs = loads_closure(header["closure"], resolve)
         before = _read_variables(used, addresses, timeout)
+
+        def client(ps: int) -> PSClient:
+            return _client(ps, addresses[ps], timeout)
+
+        for opt in opts.values():
+            optimizers.load(opt, client)
         _state["closures"] += 1
         value = fn(*args, **kwargs)
         _send_changes(used, before, addresses, timeout)
+        for opt in opts.values():
+            optimizers.store(opt, client)
         return {"value": _detached(value)}
     except BaseException as error:
         return _error_reply(error)

@@ -1,0 +1,204 @@
+"""TF's "Parameter server training" tutorial, ported literally (issue 22, item 7): an
+optimizer created in `scope()` keeps its state across scheduled functions, the tutorial's
+per-worker dataset pattern, TF's `Server` arguments, and `variable_partitioner` through
+`nd.Cluster` / `%dist start`. Tasks are `nd.Server` threads of this process (1 worker, 2 ps)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+import nbdist as nd
+from nbdist.experimental.partitioners import FixedShardsPartitioner, MinSizePartitioner
+from nbdist.testing.ports import free_ports
+
+
+@pytest.fixture(scope="module")
+def spec():
+    ports = free_ports(3)
+    spec = nd.ClusterSpec(
+        {
+            "worker": [f"127.0.0.1:{ports[0]}"],
+            "ps": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"],
+        }
+    )
+    servers = [nd.Server(spec, "ps", 0), nd.Server(spec, "ps", 1), nd.Server(spec, "worker", 0)]
+    yield spec
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def coordinated(spec):
+    """Every variable split in 2 shards over the 2 ps tasks (the weights' slots too)."""
+    strategy = nd.ParameterServerStrategy(spec, variable_partitioner=FixedShardsPartitioner(2))
+    coordinator = nd.experimental.coordinator.ClusterCoordinator(strategy)
+    yield strategy, coordinator
+    coordinator.shutdown()
+    strategy.close()
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+
+
+OPTIMIZERS = {
+    "RMSprop": lambda params: torch.optim.RMSprop(params, lr=0.05),
+    "Adam": lambda params: torch.optim.Adam(params, lr=0.05, amsgrad=True),
+    "SGD-momentum": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    "Adagrad": lambda params: torch.optim.Adagrad(params, lr=0.1, initial_accumulator_value=0.1),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_an_optimizer_created_in_scope_keeps_its_state_across_functions(coordinated, name):
+    """One worker runs the functions in order, so 25 functions of one step each must train
+    exactly as 25 steps of one optimizer on one device (TF keeps slots on the ps). With state
+    that lasted one function, RMSprop's first step of each function is ~3x too large."""
+    strategy, coordinator = coordinated
+    torch.manual_seed(0)
+    with strategy.scope():
+        model = _model()
+        optimizer = OPTIMIZERS[name](model.parameters())
+    assert strategy.placement(model[0].weight)[1].ps == 1  # 6 rows over both ps tasks
+    reference = _model()
+    reference.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+    reference_optimizer = OPTIMIZERS[name](reference.parameters())
+    x = torch.randn(32, 4)
+    y = x.sum(1, keepdim=True)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    losses = [coordinator.schedule(step, args=(x, y)) for _ in range(25)]
+    coordinator.join()
+    expected = []
+    for _ in range(25):
+        reference_optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(reference(x), y)
+        loss.backward()
+        reference_optimizer.step()
+        expected.append(loss.item())
+    got = [float(value.fetch()) for value in losses]
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    strategy.pull(model)
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_learning_rate_changed_on_the_chief_applies_to_the_next_function(coordinated):
+    strategy, coordinator = coordinated
+    with strategy.scope():
+        weight = torch.nn.Parameter(torch.zeros(3))
+        holder = torch.nn.ParameterList([weight])
+        optimizer = torch.optim.SGD(holder.parameters(), lr=1.0, momentum=0.5)
+
+    def step():
+        optimizer.zero_grad()
+        (-weight.sum()).backward()  # gradient -1: each step adds lr * buffer
+        optimizer.step()
+
+    coordinator.schedule(step).get()  # buffer 1, weight 1
+    optimizer.param_groups[0]["lr"] = 0.5
+    coordinator.schedule(step).get()  # buffer 1.5, weight 1 + 0.75
+    strategy.pull(holder)
+    torch.testing.assert_close(weight.detach(), torch.full((3,), 1.75))
+
+
+def test_an_optimizer_mixing_strategy_and_other_parameters_is_refused(coordinated):
+    strategy, coordinator = coordinated
+    with strategy.scope():
+        inside = torch.nn.Linear(2, 1)
+    outside = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD([*inside.parameters(), *outside.parameters()], lr=0.1)
+    with pytest.raises(TypeError, match=r"both parameters created in this.*scope\(\)"):
+        coordinator.schedule(lambda: optimizer.step())
+
+
+# -- the tutorial's per-worker dataset: per_worker_dataset_fn captures `strategy` -------------
+def test_the_tutorials_per_worker_dataset_fn_works(coordinated):
+    strategy, coordinator = coordinated
+    contexts = []
+
+    def dataset_fn(input_context):
+        contexts.append(input_context)  # on the worker: not seen here
+        batch = input_context.get_per_replica_batch_size(8)
+        data = torch.arange(64.0).reshape(32, 2)
+        shard = data[input_context.input_pipeline_id :: input_context.num_input_pipelines]
+        return [
+            (shard[i : i + batch], input_context.num_input_pipelines)
+            for i in range(0, len(shard), batch)
+        ]
+
+    def per_worker_dataset_fn():
+        return strategy.distribute_datasets_from_function(dataset_fn)
+
+    per_worker_dataset = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
+    per_worker_iterator = iter(per_worker_dataset)
+
+    def step_fn(iterator):
+        def replica_fn(batch):
+            x, pipelines = batch
+            return x.sum(), pipelines
+
+        return strategy.run(replica_fn, args=(next(iterator),))
+
+    first, second = (coordinator.schedule(step_fn, args=(per_worker_iterator,)) for _ in "ab")
+    assert first.fetch() == (pytest.approx(float(torch.arange(16.0).sum())), 1)
+    assert second.fetch()[0] == pytest.approx(float(torch.arange(16.0, 32.0).sum()))
+    assert contexts == []
+
+
+def test_a_dataset_fn_capturing_what_cannot_be_pickled_names_it(coordinated):
+    _, coordinator = coordinated
+    lock = threading.Lock()
+
+    def dataset_fn():
+        with lock:
+            return [1, 2]
+
+    with pytest.raises(TypeError, match=r"dataset_fn cannot be sent.*'lock' \(a lock it uses\)"):
+        coordinator.create_per_worker_dataset(dataset_fn)
+
+
+# -- TF's Server arguments -------------------------------------------------------------------
+def test_tfs_server_arguments_are_accepted_or_refused_by_name(spec):
+    server = nd.Server(spec, "worker", 0, protocol="grpc", config=None, start=False)
+    assert server.target.startswith("nbdist://")
+    with pytest.raises(nd.errors.UnsupportedOptionError, match=r"config=dict.*Leave config out"):
+        nd.Server(spec, "worker", 0, config={"intra_op_parallelism_threads": 2}, start=False)
+    with pytest.raises(nd.errors.UnsupportedOptionError, match=r"protocol='grpc\+verbs'"):
+        nd.Server(spec, "worker", 0, protocol="grpc+verbs", start=False)
+
+
+# -- variable_partitioner through nd.Cluster and %dist start ---------------------------------
+def test_cluster_takes_a_variable_partitioner():
+    partitioner = FixedShardsPartitioner(2)
+    cluster = nd.Cluster(n=3, strategy="parameter_server", num_ps=1,
+                         variable_partitioner=partitioner)  # fmt: skip
+    assert cluster.variable_partitioner is partitioner
+    with pytest.raises(TypeError, match="variable_partitioner must be None or a callable"):
+        nd.Cluster(n=3, strategy="parameter_server", variable_partitioner=2)
+    with pytest.raises(ValueError, match="variable_partitioner is for strategy='parameter_server'"):
+        nd.Cluster(n=2, variable_partitioner=partitioner)
+
+
+def test_dist_start_parses_a_variable_partitioner():
+    from nbdist.magics.core import partitioner_option
+
+    assert partitioner_option("fixed:3", {})(torch.Size([10, 2]), torch.float32) == [3, 1]
+    made = partitioner_option("min_size:64:8", {})
+    assert isinstance(made, MinSizePartitioner)
+    assert made(torch.Size([10, 4]), torch.float32) == [3, 1]
+    mine = FixedShardsPartitioner(4)
+    assert partitioner_option("mine", {"mine": mine}) is mine
+    for bad in ("fixed", "fixed:x", "fixed:2:3", "nowhere"):
+        with pytest.raises(UsageError, match="--variable-partitioner"):
+            partitioner_option(bad, {})
