@@ -237,6 +237,52 @@ def test_remote_names_an_engine_variable(cluster):
     assert [tuple(v.shape) for v in shapes.values] == [(1, 2), (1, 2)]
 
 
+@interactive
+def shape_of(tensor):
+    return torch.tensor(tensor.shape)
+
+
+def test_remote_paths_take_integer_parts(cluster):
+    """`model.0.weight` and `model[0].weight` name a layer of an nn.Sequential (issue 22)."""
+    cluster.push({"seq": torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))})
+    shapes = cluster.strategy.run(shape_of, args=(remote("seq.0.weight"),))
+    assert [v.tolist() for v in shapes.values] == [[3, 2], [3, 2]]
+    shapes = cluster.strategy.run(shape_of, args=(remote("seq[1].weight"),))
+    assert [v.tolist() for v in shapes.values] == [[1, 3], [1, 3]]
+    assert tuple(cluster.pull("seq.1.bias").values[0].shape) == (1,)
+    with pytest.raises(RemoteError, match=r"seq \(a Sequential\) has no item 5, so seq\[5\]"):
+        cluster.strategy.run(shape_of, args=(remote("seq[5].weight"),))
+    with pytest.raises(ValueError, match=r"'model.0.weight' or 'model\[0\].weight'"):
+        remote("seq.[0]")
+
+
+@interactive
+def make_counter():
+    global seen
+    with strategy.scope():  # noqa: F821
+        seen = nd.Variable(
+            0.0,
+            synchronization=nd.VariableSynchronization.ON_READ,
+            aggregation=nd.VariableAggregation.SUM,
+        )
+
+
+@interactive
+def count(k):
+    seen.assign_add(k)  # noqa: F821
+    return seen.read_value()  # noqa: F821
+
+
+def test_sync_on_read_variables_follow_one_rule_from_the_notebook(cluster):
+    """docs/notebooks.md: inside a replica function a read gives the replica's component;
+    anywhere else (a %%distribute cell's top level, cluster.pull) the aggregate."""
+    cluster.strategy.run(make_counter)
+    local = cluster.strategy.run(count, args=(nd.PerReplica([1.0, 2.0]),))
+    assert [float(v) for v in local.values] == [1.0, 2.0]
+    assert float(cluster.strategy.reduce("sum", local, axis=None)) == 3.0
+    assert [float(v) for v in cluster.pull("seen").values] == [3.0, 3.0]
+
+
 def test_per_replica_arguments_are_scattered(cluster):
     x = nd.PerReplica([torch.tensor(1.0), torch.tensor(2.0)])
     out = cluster.strategy.run(add, args=(x,), kwargs={"y": nd.PerReplica([100.0, 200.0])})

@@ -202,3 +202,27 @@ def test_dist_start_parses_a_variable_partitioner():
     for bad in ("fixed", "fixed:x", "fixed:2:3", "nowhere"):
         with pytest.raises(UsageError, match="--variable-partitioner"):
             partitioner_option(bad, {})
+
+
+# -- the rule for sync-on-read variables (docs/notebooks.md, docs/parameter-server.md) -------
+def _count(seen):
+    seen.assign_add(torch.ones(()))
+    return seen.read_value()  # in a function: the ps value as read, plus this function's own
+
+
+def test_a_sync_on_read_variable_is_one_copy_on_the_ps_that_the_chief_reads_whole(coordinated):
+    strategy, coordinator = coordinated
+    with strategy.scope():
+        seen = nd.Variable(
+            0.0,
+            synchronization=nd.VariableSynchronization.ON_READ,
+            aggregation=nd.VariableAggregation.SUM,
+            name="seen",
+        )
+    assert seen.synchronization is nd.VariableSynchronization.ON_READ
+    assert seen.aggregation is nd.VariableAggregation.SUM
+    assert seen.trainable is False  # TF's default for ON_READ
+    values = [coordinator.schedule(_count, args=(seen,)) for _ in range(5)]
+    coordinator.join()
+    assert float(seen.read_value()) == 5.0  # every worker's updates: the aggregate
+    assert sorted(float(v.fetch()) for v in values) == [1.0, 2.0, 3.0, 4.0, 5.0]

@@ -164,8 +164,17 @@ class ParameterServerStrategy(Strategy):
         if callable(initial_value):
             initial_value = initial_value()
         value = torch.as_tensor(initial_value, dtype=dtype).detach().cpu().clone()
-        trainable = True if trainable is None else bool(trainable)
-        return self._place(value, name or "Variable", "variable", trainable)
+        from nbdist.variables import VariableAggregation, VariableSynchronization, _enum
+
+        sync = _enum(VariableSynchronization, synchronization or "AUTO", "synchronization")
+        on_read = sync is VariableSynchronization.ON_READ
+        trainable = (not on_read) if trainable is None else bool(trainable)
+        variable = self._place(value, name or "Variable", "variable", trainable)
+        # One copy on the ps, which every worker's updates change: read on the chief it is
+        # the sum of the workers' updates (the aggregate a sync-on-read variable promises).
+        variable._synchronization = sync if on_read else VariableSynchronization.ON_WRITE
+        variable._aggregation = _enum(VariableAggregation, aggregation or "NONE", "aggregation")
+        return variable
 
     def _unique(self, name: str) -> str:
         count = self._names.get(name, 0)
