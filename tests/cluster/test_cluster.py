@@ -269,8 +269,8 @@ def make_counter():
 
 @interactive
 def count(k):
-    seen.assign_add(k)  # noqa: F821
-    return seen.read_value()  # noqa: F821
+    seen.assign_add(k)
+    return seen.read_value()
 
 
 def test_sync_on_read_variables_follow_one_rule_from_the_notebook(cluster):
