@@ -472,3 +472,36 @@ def test_run_refuses_unsupported_options_before_sending(cluster):
     with pytest.raises(nd.errors.UnsupportedOptionError, match="supports no run options"):
         cluster.strategy.run(add, args=(1, 2), options={"xla": True})
     assert cluster.strategy.run(add, args=(nd.PerReplica([1, 2]), 1)).values == (2, 3)
+
+
+@interactive
+def mismatched_all_reduce():
+    ctx = nd.get_replica_context()
+    return ctx.all_reduce("sum", torch.ones(2 + ctx.replica_id_in_sync_group))
+
+
+@interactive
+def divides_by_zero():
+    return 1 / 0
+
+
+def _nbdist_frames(text):
+    return [line for line in text.splitlines() if line.lstrip().startswith("File ") and
+            f"{os.sep}nbdist{os.sep}" in line]  # fmt: skip
+
+
+def test_remote_tracebacks_keep_nbdist_frames_below_the_users_line_only(cluster):
+    """docs/errors.md, as it is now: a RemoteError cuts the frames that ran the user's function,
+    but an error raised inside an nbdist call (here a collective) shows that call's frames."""
+    with pytest.raises(RemoteError) as info:
+        cluster.strategy.run(divides_by_zero)
+    assert "in divides_by_zero" in str(info.value)
+    assert _nbdist_frames(str(info.value)) == []
+    with pytest.raises(RemoteError) as info:
+        cluster.strategy.run(mismatched_all_reduce)
+    text = str(info.value)
+    assert "CollectiveMismatchError" in text and "in mismatched_all_reduce" in text
+    frames = _nbdist_frames(text)
+    assert frames and text.index("in mismatched_all_reduce") < text.index(frames[0]), text
+    print(f"\n{len(frames)} nbdist frames in the traceback of a mismatched all_reduce")
+    assert cluster.broken is None, cluster.broken  # a mismatch is detected before any data moves
