@@ -505,3 +505,19 @@ def test_remote_tracebacks_keep_nbdist_frames_below_the_users_line_only(cluster)
     assert frames and text.index("in mismatched_all_reduce") < text.index(frames[0]), text
     print(f"\n{len(frames)} nbdist frames in the traceback of a mismatched all_reduce")
     assert cluster.broken is None, cluster.broken  # a mismatch is detected before any data moves
+
+
+@interactive
+def all_reduce_on_replica_zero_only():
+    ctx = nd.get_replica_context()
+    if ctx.replica_id_in_sync_group == 0:
+        return ctx.all_reduce("sum", torch.ones(2))
+    return None
+
+
+def test_a_replica_that_returns_without_the_collective_releases_the_other_in_seconds(cluster):
+    """docs/troubleshooting.md: not after the 300 s collective timeout (measured 1.5 s)."""
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match=r"replica 1 finished strategy.run\(.*without entering"):
+        cluster.strategy.run(all_reduce_on_replica_zero_only)
+    assert time.monotonic() - started < 20
