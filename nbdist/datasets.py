@@ -22,6 +22,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from nbdist.errors import InvalidArgumentError
+
 __all__ = ["Digits", "load_digits", "raw_digits"]
 
 
@@ -60,7 +62,10 @@ def load_digits(seed: int = 0, test_fraction: float = 0.2) -> Digits:
         True
     """
     if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}.")
+        raise InvalidArgumentError(
+            f"test_fraction must be between 0 and 1, got {test_fraction!r}; e.g. 0.2 keeps "
+            "a fifth of the images for testing."
+        )
     images, labels = raw_digits()
     rng = np.random.default_rng(seed)
     n_test = math.ceil(len(labels) * test_fraction)
