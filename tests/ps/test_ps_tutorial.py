@@ -226,3 +226,58 @@ def test_a_sync_on_read_variable_is_one_copy_on_the_ps_that_the_chief_reads_whol
     coordinator.join()
     assert float(seen.read_value()) == 5.0  # every worker's updates: the aggregate
     assert sorted(float(v.fetch()) for v in values) == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_the_chief_pulls_and_pushes_an_optimizers_state_for_checkpoints(coordinated):
+    strategy, coordinator = coordinated
+    with strategy.scope():
+        model = torch.nn.Linear(3, 4)  # weight split in 2 shards of 2 rows
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    reference = torch.nn.Linear(3, 4)
+    reference.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
+    x = torch.randn(8, 3)
+
+    def step(x):
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+
+    for _ in range(3):
+        coordinator.schedule(step, args=(x,))
+        reference_optimizer.zero_grad()
+        reference(x).square().mean().backward()
+        reference_optimizer.step()
+    coordinator.join()
+    assert not optimizer.state  # the state lives on the ps tasks
+    strategy.pull(optimizer)
+    mine, theirs = optimizer.state_dict()["state"], reference_optimizer.state_dict()["state"]
+    for index in theirs:
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(mine[index][name], theirs[index][name])
+    # A restored state goes back with push: the next function continues from it.
+    for state in optimizer.state.values():
+        state["exp_avg"].zero_()
+    strategy.push(optimizer)
+    optimizer.state.clear()
+    strategy.pull(optimizer)
+    assert all(float(s["exp_avg"].abs().sum()) == 0 for s in optimizer.state.values())
+    with pytest.raises(TypeError, match="trains no parameter created in this strategy"):
+        strategy.pull(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
+
+
+def test_a_pulled_optimizer_state_does_not_travel_with_every_function(coordinated):
+    strategy, coordinator = coordinated
+    with strategy.scope():
+        model = torch.nn.Linear(200, 50)
+        optimizer = torch.optim.RMSprop(model.parameters(), lr=0.01)
+
+    def step():
+        optimizer.zero_grad()
+        model(torch.ones(1, 200)).sum().backward()
+        optimizer.step()
+
+    coordinator.schedule(step).get()
+    small = len(coordinator._encode("step", step, (), {}))
+    strategy.pull(optimizer)  # 10,000 floats of state on the chief now
+    assert optimizer.state and len(coordinator._encode("step", step, (), {})) < small + 1000

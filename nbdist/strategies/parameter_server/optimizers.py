@@ -90,9 +90,10 @@ def _join(parts: list[torch.Tensor], spec: VarSpec) -> torch.Tensor:
     return torch.cat(parts, 0) if split else parts[0].clone()
 
 
-def load(opt: WorkerOptimizer, client: Any) -> None:
+def load(opt: WorkerOptimizer, client: Any) -> bool:
     """Read every parameter's slots from its ps task(s) into `opt.optimizer.state`
-    (`client(ps)` gives the connection to ps task `ps`); one request per ps task."""
+    (`client(ps)` gives the connection to ps task `ps`); one request per ps task. True when
+    every parameter had its state there."""
     wanted: dict[int, list[tuple[int, int]]] = {}
     for _, spec in opt.params:
         for ps, shard, _ in spec.shards:
@@ -101,21 +102,25 @@ def load(opt: WorkerOptimizer, client: Any) -> None:
     for ps, keys in wanted.items():
         for key, slots in zip(keys, client(ps).read_slots(keys)):
             found[key] = slots
+    complete = True
     for param, spec in opt.params:
         per_shard = [found.get((shard, opt.oid), {}) for _, shard, _ in spec.shards]
         names = list(per_shard[0])
         if not names:
             opt.before[spec.vid] = {}
+            complete = False
             continue  # never stepped: the optimizer creates its state as usual
         opt.before[spec.vid] = {name: [slots[name] for slots in per_shard] for name in names}
         state = opt.optimizer.state[param]
         state.clear()
         for name in names:
             state[name] = _join(opt.before[spec.vid][name], spec)
+    return complete
 
 
-def store(opt: WorkerOptimizer, client: Any) -> None:
-    """Send what the function changed in the optimizer's state to the ps tasks."""
+def store(opt: WorkerOptimizer, client: Any, overwrite: bool = False) -> None:
+    """Send what the function changed in the optimizer's state to the ps tasks (with
+    `overwrite`, the whole state, replacing what the ps tasks hold: `strategy.push`)."""
     writes: dict[int, tuple[list[tuple[int, int, str, str]], list[torch.Tensor]]] = {}
     cls = type(opt.optimizer).__name__
     for param, spec in opt.params:
@@ -137,7 +142,10 @@ def store(opt: WorkerOptimizer, client: Any) -> None:
             old = before.get(name)
             for i, ((ps, shard, _), part) in enumerate(zip(spec.shards, parts)):
                 entries, tensors = writes.setdefault(ps, ([], []))
-                if old is None:
+                if overwrite:
+                    entries.append((shard, opt.oid, name, "set"))
+                    tensors.append(part.clone())
+                elif old is None:
                     entries.append((shard, opt.oid, name, "init"))
                     tensors.append(part.clone())
                 elif not torch.equal(part, old[i]):

@@ -158,13 +158,14 @@ class PSTask:
                 ]
         if op == "slots_write":
             # ids: [(shard, optimizer, name, mode)]; "add" adds the difference, "init" creates
-            # the slot unless another worker created it first (that one's state is kept).
+            # the slot unless another worker created it first (that one's state is kept),
+            # "set" overwrites it (the chief's strategy.push of a restored optimizer).
             with self._lock:
                 for (shard, owner, name, mode), tensor in zip(ids, tensors):
                     slots = self._slots.setdefault((shard, owner), {})
                     if mode == "add" and name in slots:
                         slots[name] = slots[name] + tensor
-                    elif name not in slots:
+                    elif mode == "set" or name not in slots:
                         slots[name] = tensor
                 self.updates += 1
             return "ok", []

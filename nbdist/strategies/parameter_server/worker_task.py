@@ -125,8 +125,10 @@ def _client(index: int, address: str, timeout: float) -> PSClient:
 
 def _local_object(spec: VarSpec) -> Any:
     entry = _state["vars"].get(spec.vid)
-    if entry is not None:
+    if entry is not None and entry[0] == spec:
         return entry[1]
+    # New, or the same id from another strategy served by this process (its values are read
+    # from the ps tasks every function, so only the container's shape and kind matter).
     tensor = torch.zeros(spec.shape, dtype=spec.dtype)
     if spec.kind == "parameter":
         obj: Any = torch.nn.Parameter(tensor, requires_grad=spec.requires_grad)
