@@ -281,3 +281,54 @@ def test_a_pulled_optimizer_state_does_not_travel_with_every_function(coordinate
     small = len(coordinator._encode("step", step, (), {}))
     strategy.pull(optimizer)  # 10,000 floats of state on the chief now
     assert optimizer.state and len(coordinator._encode("step", step, (), {})) < small + 1000
+
+
+def test_an_in_process_cluster_of_two_workers_keeps_each_workers_state_apart(spec):
+    """TF's tutorial starts its cluster in one process (`create_in_process_cluster`): two
+    `nd.Server` workers of one process must not share a per-worker iterator (a generator run
+    by two threads at once: "generator already executing") nor parameter copies."""
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports], "ps": spec.job_tasks("ps")}
+    workers = [nd.Server(nd.ClusterSpec(cluster), "worker", i) for i in range(2)]
+    strategy = nd.ParameterServerStrategy(nd.ClusterSpec(cluster))
+    coordinator = nd.experimental.coordinator.ClusterCoordinator(strategy)
+    try:
+        with strategy.scope():
+            model = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.RMSprop(model.parameters(), lr=0.01)
+
+        def dataset_fn():
+            def batches():
+                index = 0
+                while True:  # batch number `index` of this worker's own stream
+                    x = torch.randn(16, 4)
+                    yield index, x, x.sum(1, keepdim=True)
+                    index += 1
+
+            return batches()
+
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+        def step(iterator):
+            index, x, y = next(iterator)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            return index, loss.detach()
+
+        values = [coordinator.schedule(step, args=(iterator,)) for _ in range(60)]
+        coordinator.join()
+        seen = {0: [], 1: []}
+        for value in values:
+            index, loss = value.get()
+            assert loss.isfinite()
+            seen[value.worker].append(index)
+        assert seen[0] and seen[1], seen
+        # Each worker read its own stream from its start (a shared one interleaves them).
+        assert all(sorted(indices) == list(range(len(indices))) for indices in seen.values())
+    finally:
+        coordinator.shutdown()
+        strategy.close()
+        for worker in workers:
+            worker.stop()

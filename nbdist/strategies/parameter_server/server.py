@@ -110,6 +110,7 @@ class Server:
         self._listener: Any = None
         self._stopped = threading.Event()
         self._started = False
+        self._worker_state = worker_task.new_state()
         if start:
             self.start()
 
@@ -145,6 +146,7 @@ class Server:
             self._listener.close()
 
     def _accept(self) -> None:
+        worker_task.serve_as(self._worker_state)  # this task's own state, not the process's
         while not self._stopped.is_set():
             try:
                 conn = self._listener.accept()
