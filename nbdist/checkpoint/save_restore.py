@@ -43,7 +43,7 @@ def save(path: str | os.PathLike[str], /, **objects: Any) -> str:
     """Save named objects to one checkpoint file, written once and atomically.
 
     Modules and optimizers save their `state_dict()`; an `nd.Variable` its cross-replica
-    value (a sync-on-read variable's aggregate: SUM, MEAN or the first replica's, API.md §5);
+    value (a sync-on-read variable's aggregate: SUM, MEAN or the first replica's, docs/api.md §5);
     a distributed iterator its position in global batches and examples, so the run can resume
     on another number of replicas; tensors, `torch.Generator`s, dicts of plain values (e.g.
     `progress={"epoch": 3}`) and any object with `state_dict`/`load_state_dict` (LR

@@ -134,11 +134,12 @@ class Cluster:
             name = strategy.strip().lower() if isinstance(strategy, str) else None
             if name in Cluster._by_strategy:
                 return super().__new__(Cluster._by_strategy[name])
-            if "num_ps" in kwargs:
-                raise InvalidArgumentError(
-                    f"num_ps is for strategy='parameter_server', got strategy={strategy!r}; "
-                    "pass strategy='parameter_server' or leave num_ps out."
-                )
+            for option in ("num_ps", "variable_partitioner"):
+                if option in kwargs:
+                    raise InvalidArgumentError(
+                        f"{option} is for strategy='parameter_server', got strategy="
+                        f"{strategy!r}; pass strategy='parameter_server' or leave {option} out."
+                    )
         return super().__new__(cls)
 
     def __init__(

@@ -36,6 +36,9 @@ class PSCluster(Cluster, strategy="parameter_server"):
     Args:
         n: Engines in all (workers + ps tasks); default `num_ps + 2`.
         num_ps: Engines that are ps tasks (at least 1, fewer than `n`).
+        variable_partitioner: As `nd.ParameterServerStrategy`'s: None, or a callable
+            `(shape, dtype) -> [k, 1, ...]` such as
+            `nd.experimental.partitioners.FixedShardsPartitioner(2)`.
         Other arguments as `nd.Cluster` (engines are CPU engines on this machine).
     """
 
@@ -50,8 +53,15 @@ class PSCluster(Cluster, strategy="parameter_server"):
         timeout: float = 120.0,
         *,
         num_ps: int = 1,
+        variable_partitioner: Any = None,
         **kwargs: Any,
     ):
+        if variable_partitioner is not None and not callable(variable_partitioner):
+            raise ArgumentTypeError(
+                "variable_partitioner must be None or a callable (shape, dtype) -> [k, 1, ...], "
+                f"got {variable_partitioner!r}; e.g. "
+                "nd.experimental.partitioners.FixedShardsPartitioner(2)."
+            )
         if isinstance(num_ps, bool) or not isinstance(num_ps, int):
             raise ArgumentTypeError(
                 f"num_ps must be a whole number, got {num_ps!r}; e.g. num_ps=1."
@@ -80,6 +90,8 @@ class PSCluster(Cluster, strategy="parameter_server"):
                 "are for strategy='mirrored' or 'multi_worker'."
             )
         self.num_ps = num_ps
+        self.variable_partitioner = variable_partitioner
+        """The partitioner the chief's strategy splits variables with (None: no split)."""
         self._ps_strategy: Any = None
         self._coordinator: Any = None
         self.roles: tuple[str, ...] = ()
@@ -135,7 +147,8 @@ class PSCluster(Cluster, strategy="parameter_server"):
             }
         )
         strategy = ParameterServerStrategy(
-            SimpleClusterResolver(spec, task_type="chief", task_id=0)
+            SimpleClusterResolver(spec, task_type="chief", task_id=0),
+            variable_partitioner=self.variable_partitioner,
         )
         strategy.timeout = plan.collective_timeout
         strategy.worker_channels = [

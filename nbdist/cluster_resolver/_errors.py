@@ -1,6 +1,6 @@
 """Cluster errors that are also the builtin TensorFlow raises in the same place.
 
-Every one is a `ClusterConfigError` (so a `ValueError`, as API.md §8 promises for malformed
+Every one is a `ClusterConfigError` (so a `ValueError`, as docs/api.md §8 promises for malformed
 input) and, where TensorFlow raises `TypeError`, `RuntimeError` or `KeyError` for the same
 mistake, that builtin too, so code written against `tf.distribute` keeps catching it.
 

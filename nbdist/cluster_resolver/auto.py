@@ -1,6 +1,6 @@
 """`resolve_cluster`: the cluster resolver the environment calls for, if any.
 
-The order is API.md §4's: `TF_CONFIG`, then the torchrun variables, then a Slurm job step.
+The order is docs/api.md §4's: `TF_CONFIG`, then the torchrun variables, then a Slurm job step.
 
 Example:
     >>> resolve_cluster({}) is None

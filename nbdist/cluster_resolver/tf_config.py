@@ -2,7 +2,7 @@
 
 `TF_CONFIG` is JSON: `{"cluster": {job: [addresses]}, "task": {"type": job, "index": i}}`, with
 optional `"rpc_layer"`, `"environment"` and `"session_master"`. As in TensorFlow it is re-read at
-every call; unlike TensorFlow it is validated when the resolver is built (API.md §11): JSON, the
+every call; unlike TensorFlow it is validated when the resolver is built (api.md §11): JSON, the
 `cluster` key, every address's port, the task's type and index.
 
 Example:

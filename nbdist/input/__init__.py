@@ -1,4 +1,4 @@
-"""Input: distributing datasets over replicas, as `tf.distribute` does (API.md §6).
+"""Input: distributing datasets over replicas, as `tf.distribute` does (docs/api.md §6).
 
 `experimental_distribute_dataset` splits global batches over the replicas
 (`distribute_dataset`); `distribute_datasets_from_function` deals batches from pipelines the

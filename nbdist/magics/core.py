@@ -72,6 +72,13 @@ def _start_parser() -> _Parser:
         "--ps", type=int, default=None, help="engines that are ps tasks (parameter_server)"
     )
     parser.add_argument(
+        "--variable-partitioner",
+        default=None,
+        metavar="fixed:K|min_size:BYTES[:MAX]|max_size:BYTES[:MAX]|NAME",
+        help="how a parameter_server cluster splits variables (or a partitioner's name in "
+        "the notebook)",
+    )
+    parser.add_argument(
         "--launcher-option",
         action="append",
         default=[],
@@ -106,6 +113,45 @@ def _launcher_options(items: list[str]) -> dict[str, Any] | None:
     return options
 
 
+def partitioner_option(text: str, namespace: dict[str, Any]) -> Any:
+    """`--variable-partitioner` of `%dist start` → a partitioner.
+
+    `fixed:K` is `FixedShardsPartitioner(K)`, `min_size:BYTES[:MAX_SHARDS]` is
+    `MinSizePartitioner(BYTES, MAX_SHARDS)`, `max_size:BYTES[:MAX_SHARDS]` is
+    `MaxSizePartitioner(BYTES, MAX_SHARDS)`; a Python name is looked up in the notebook (any
+    callable `(shape, dtype) -> [k, 1, ...]`).
+
+    Example:
+        >>> partitioner_option("fixed:2", {})
+        FixedShardsPartitioner(num_shards=2)
+    """
+    from nbdist.experimental import partitioners
+
+    kind, _, rest = text.partition(":")
+    makers = {
+        "fixed": partitioners.FixedShardsPartitioner,
+        "min_size": partitioners.MinSizePartitioner,
+        "max_size": partitioners.MaxSizePartitioner,
+    }
+    fix = (
+        "write fixed:K, min_size:BYTES[:MAX_SHARDS], max_size:BYTES[:MAX_SHARDS], or the name of "
+        "a partitioner defined in the notebook, e.g. --variable-partitioner fixed:2"
+    )
+    if kind in makers and rest:
+        try:
+            numbers = [int(part) for part in rest.split(":")]
+            if (kind == "fixed" and len(numbers) != 1) or len(numbers) > 2:
+                raise ValueError(f"{len(numbers)} numbers")
+            return makers[kind](*numbers)
+        except ValueError as error:
+            raise UsageError(
+                f"%dist start: --variable-partitioner {text!r}: {error}; {fix}."
+            ) from None
+    if text.isidentifier() and text in namespace:
+        return namespace[text]
+    raise UsageError(f"%dist start: --variable-partitioner {text!r} is not understood: {fix}.")
+
+
 def _distribute_parser() -> _Parser:
     parser = _Parser(prog="%%distribute", add_help=False)
     parser.add_argument("--targets", default=None, help="replica ids, e.g. 0,2")
@@ -117,7 +163,8 @@ def _distribute_parser() -> _Parser:
 _DIST_USAGE = (
     "%dist start [-n N] [--gpus all|0,1] [--hosts h1:2,h2:2] [--launcher local|ssh|mpi|slurm] "
     "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
-    "[--ps N] [--timeout S] [--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
+    "[--ps N] [--variable-partitioner fixed:K|min_size:B|max_size:B|NAME] [--timeout S] "
+    "[--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
     "%dist status | stop | restart | auto on|off | dashboard"
 )
 
@@ -175,6 +222,14 @@ class DistMagics(Magics):
                     "`%dist start --strategy parameter_server -n 3 --ps 1`."
                 )
             extra["num_ps"] = args.ps
+        if args.variable_partitioner is not None:
+            if args.strategy != "parameter_server":
+                raise UsageError(
+                    "%dist start: --variable-partitioner is for --strategy parameter_server; "
+                    "e.g. `%dist start --strategy parameter_server --variable-partitioner fixed:2`."
+                )
+            namespace = self.shell.user_ns if self.shell is not None else {}
+            extra["variable_partitioner"] = partitioner_option(args.variable_partitioner, namespace)
         try:
             cluster = Cluster(
                 n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,

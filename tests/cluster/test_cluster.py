@@ -237,6 +237,52 @@ def test_remote_names_an_engine_variable(cluster):
     assert [tuple(v.shape) for v in shapes.values] == [(1, 2), (1, 2)]
 
 
+@interactive
+def shape_of(tensor):
+    return torch.tensor(tensor.shape)
+
+
+def test_remote_paths_take_integer_parts(cluster):
+    """`model.0.weight` and `model[0].weight` name a layer of an nn.Sequential (issue 22)."""
+    cluster.push({"seq": torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))})
+    shapes = cluster.strategy.run(shape_of, args=(remote("seq.0.weight"),))
+    assert [v.tolist() for v in shapes.values] == [[3, 2], [3, 2]]
+    shapes = cluster.strategy.run(shape_of, args=(remote("seq[1].weight"),))
+    assert [v.tolist() for v in shapes.values] == [[1, 3], [1, 3]]
+    assert tuple(cluster.pull("seq.1.bias").values[0].shape) == (1,)
+    with pytest.raises(RemoteError, match=r"seq \(a Sequential\) has no item 5, so seq\[5\]"):
+        cluster.strategy.run(shape_of, args=(remote("seq[5].weight"),))
+    with pytest.raises(ValueError, match=r"'model.0.weight' or 'model\[0\].weight'"):
+        remote("seq.[0]")
+
+
+@interactive
+def make_counter():
+    global seen
+    with strategy.scope():  # noqa: F821
+        seen = nd.Variable(
+            0.0,
+            synchronization=nd.VariableSynchronization.ON_READ,
+            aggregation=nd.VariableAggregation.SUM,
+        )
+
+
+@interactive
+def count(k):
+    seen.assign_add(k)
+    return seen.read_value()
+
+
+def test_sync_on_read_variables_follow_one_rule_from_the_notebook(cluster):
+    """docs/notebooks.md: inside a replica function a read gives the replica's component;
+    anywhere else (a %%distribute cell's top level, cluster.pull) the aggregate."""
+    cluster.strategy.run(make_counter)
+    local = cluster.strategy.run(count, args=(nd.PerReplica([1.0, 2.0]),))
+    assert [float(v) for v in local.values] == [1.0, 2.0]
+    assert float(cluster.strategy.reduce("sum", local, axis=None)) == 3.0
+    assert [float(v) for v in cluster.pull("seen").values] == [3.0, 3.0]
+
+
 def test_per_replica_arguments_are_scattered(cluster):
     x = nd.PerReplica([torch.tensor(1.0), torch.tensor(2.0)])
     out = cluster.strategy.run(add, args=(x,), kwargs={"y": nd.PerReplica([100.0, 200.0])})
@@ -520,3 +566,52 @@ def test_run_refuses_unsupported_options_before_sending(cluster):
     with pytest.raises(nd.errors.UnsupportedOptionError, match="supports no run options"):
         cluster.strategy.run(add, args=(1, 2), options={"xla": True})
     assert cluster.strategy.run(add, args=(nd.PerReplica([1, 2]), 1)).values == (2, 3)
+
+
+@interactive
+def mismatched_all_reduce():
+    ctx = nd.get_replica_context()
+    return ctx.all_reduce("sum", torch.ones(2 + ctx.replica_id_in_sync_group))
+
+
+@interactive
+def divides_by_zero():
+    return 1 / 0
+
+
+def _nbdist_frames(text):
+    return [line for line in text.splitlines() if line.lstrip().startswith("File ") and
+            f"{os.sep}nbdist{os.sep}" in line]  # fmt: skip
+
+
+def test_remote_tracebacks_keep_nbdist_frames_below_the_users_line_only(cluster):
+    """docs/errors.md, as it is now: a RemoteError cuts the frames that ran the user's function,
+    but an error raised inside an nbdist call (here a collective) shows that call's frames."""
+    with pytest.raises(RemoteError) as info:
+        cluster.strategy.run(divides_by_zero)
+    assert "in divides_by_zero" in str(info.value)
+    assert _nbdist_frames(str(info.value)) == []
+    with pytest.raises(RemoteError) as info:
+        cluster.strategy.run(mismatched_all_reduce)
+    text = str(info.value)
+    assert "CollectiveMismatchError" in text and "in mismatched_all_reduce" in text
+    frames = _nbdist_frames(text)
+    assert frames and text.index("in mismatched_all_reduce") < text.index(frames[0]), text
+    print(f"\n{len(frames)} nbdist frames in the traceback of a mismatched all_reduce")
+    assert cluster.broken is None, cluster.broken  # a mismatch is detected before any data moves
+
+
+@interactive
+def all_reduce_on_replica_zero_only():
+    ctx = nd.get_replica_context()
+    if ctx.replica_id_in_sync_group == 0:
+        return ctx.all_reduce("sum", torch.ones(2))
+    return None
+
+
+def test_a_replica_that_returns_without_the_collective_releases_the_other_in_seconds(cluster):
+    """docs/troubleshooting.md: not after the 300 s collective timeout (measured 1.5 s)."""
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match=r"replica 1 finished strategy.run\(.*without entering"):
+        cluster.strategy.run(all_reduce_on_replica_zero_only)
+    assert time.monotonic() - started < 20

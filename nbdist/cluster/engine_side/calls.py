@@ -102,10 +102,20 @@ def fetch(payload: bytes) -> dict[str, Any]:
 
         names = _wire.loads(payload)
         namespace = state.namespace()
-        value = [RemoteRef(name).resolve(namespace, state.rank()) for name in names]
+        value = [_read(RemoteRef(name).resolve(namespace, state.rank())) for name in names]
     except BaseException as error:
         return _wire.failure(error, "pull")
     return _reply(value, start)
+
+
+def _read(value: Any) -> Any:
+    """What `cluster.pull` sends back for an object: an `nd.Variable` as its value read here,
+    outside any replica function, so by the one rule for reading (docs/notebooks.md) a
+    sync-on-read variable comes back aggregated over the replicas (every engine reads it at
+    once: a collective), a mirrored one as its value."""
+    from nbdist.variables import Variable
+
+    return value.read_value() if isinstance(value, Variable) else value
 
 
 def _reply(value: Any, start: float) -> dict[str, Any]:

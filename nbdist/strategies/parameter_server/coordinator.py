@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
 import torch
 
 from nbdist.errors import (
@@ -268,11 +267,18 @@ class ClusterCoordinator:
                 f"{dataset_fn!r}; e.g. lambda: torch.utils.data.DataLoader(...)."
             )
         try:
-            fn_bytes = cloudpickle.dumps(dataset_fn)
+            # The strategy and variables travel as references (TF's tutorial returns
+            # strategy.distribute_datasets_from_function(...) from it), the rest by value.
+            fn_bytes = dumps_closure(dataset_fn, self._reference)
+        except InvalidArgumentError:
+            raise
         except Exception as error:
+            culprit = _captured_culprit(dataset_fn, self._reference)
             raise ArgumentTypeError(
-                f"dataset_fn cannot be sent to the workers ({type(error).__name__}: {error}); "
-                "build the dataset inside the function from picklable values."
+                f"dataset_fn cannot be sent to the workers: {culprit} "
+                f"cannot be pickled ({type(error).__name__}: {error}). Create it inside "
+                "dataset_fn, or pass what it needs as picklable values (numbers, tensors, "
+                "functions)."
             ) from None
         dataset = PerWorkerDataset(self, next(self._ids), fn_bytes)
         with self._cond:
@@ -482,6 +488,29 @@ def _labelled(reply: dict[str, Any], worker: int, name: str) -> BaseException:
     if reply.get("traceback"):
         error.add_note(f"Traceback on {where} (most recent call last):\n{reply['traceback']}")
     return error
+
+
+def _captured_culprit(fn: Any, lookup: Any) -> str:
+    """Which object captured by `fn` (a global it uses, a closure cell, a default) cannot be
+    pickled, as `"'name' (a Type)"`; `"an object it uses"` when none alone is the cause."""
+    code = getattr(fn, "__code__", None)
+    candidates: list[tuple[str, Any]] = []
+    if code is not None:
+        cells = getattr(fn, "__closure__", None) or ()
+        for name, cell in zip(code.co_freevars, cells):
+            try:
+                candidates.append((name, cell.cell_contents))
+            except ValueError:
+                continue
+        scope = getattr(fn, "__globals__", {})
+        candidates += [(name, scope[name]) for name in code.co_names if name in scope]
+        candidates += [(f"default {i}", d) for i, d in enumerate(fn.__defaults__ or ())]
+    for name, value in candidates:
+        try:
+            dumps_closure(value, lookup)
+        except Exception:
+            return f"{name!r} (a {type(value).__name__} it uses)"
+    return "an object it uses"
 
 
 def _unpicklable_part(fn: Any, args: tuple, kwargs: dict, lookup: Any) -> str:

@@ -38,6 +38,8 @@ class PSTask:
         self._port = port
         self._timeout = timeout
         self._variables: dict[int, torch.Tensor] = {}
+        self._slots: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        """Optimizer state kept with the variables: (shard id, optimizer id) -> name -> value."""
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._store: Any = None
@@ -145,6 +147,26 @@ class PSTask:
             with self._lock:
                 fresh = {i: self._variables[i] + t for i, t in zip(ids, tensors)}
                 self._variables.update(fresh)
+                self.updates += 1
+            return "ok", []
+        if op == "slots_read":
+            # ids: [(shard, optimizer)]; answer: the slot names of each, tensors in that order.
+            with self._lock:
+                found = [self._slots.get(tuple(key), {}) for key in ids]
+                return [list(slots) for slots in found], [
+                    value for slots in found for value in slots.values()
+                ]
+        if op == "slots_write":
+            # ids: [(shard, optimizer, name, mode)]; "add" adds the difference, "init" creates
+            # the slot unless another worker created it first (that one's state is kept),
+            # "set" overwrites it (the chief's strategy.push of a restored optimizer).
+            with self._lock:
+                for (shard, owner, name, mode), tensor in zip(ids, tensors):
+                    slots = self._slots.setdefault((shard, owner), {})
+                    if mode == "add" and name in slots:
+                        slots[name] = slots[name] + tensor
+                    elif mode == "set" or name not in slots:
+                        slots[name] = tensor
                 self.updates += 1
             return "ok", []
         if op == "ping":

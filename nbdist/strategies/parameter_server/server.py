@@ -22,7 +22,7 @@ from multiprocessing.connection import Listener
 from typing import Any
 
 from nbdist.cluster_resolver import ClusterSpec
-from nbdist.errors import ArgumentTypeError, ClusterConfigError
+from nbdist.errors import ArgumentTypeError, ClusterConfigError, UnsupportedOptionError
 from nbdist.strategies.parameter_server import worker_task
 from nbdist.strategies.parameter_server.channels import authkey
 from nbdist.strategies.parameter_server.ps_task import PSTask
@@ -45,11 +45,16 @@ class Server:
         server_or_cluster_def: A `ClusterSpec` or a dict `{job: [address, ...]}`.
         job_name: `"ps"` or `"worker"` (the chief needs no server: it creates the strategy).
         task_index: This task's index in its job.
-        protocol: Accepted for TF compatibility; only None or "grpc" (ignored).
+        protocol: Accepted for TF compatibility: None or "grpc" (nbdist's own transport
+            serves either way); any other (`"grpc+verbs"`...) is an `UnsupportedOptionError`.
+        config: TF's `tf.compat.v1.ConfigProto` for the task's sessions: None is accepted;
+            anything else is an `UnsupportedOptionError` (nbdist has no sessions: thread
+            pools and devices follow PyTorch's settings, e.g. `torch.set_num_threads`).
         start: Start serving now (default True).
 
     Raises:
         ClusterConfigError: (a `ValueError`) an unknown job, a task index past the job's size.
+        UnsupportedOptionError: (a `ValueError`) a `protocol` or `config` nbdist cannot honour.
     """
 
     def __init__(
@@ -59,6 +64,8 @@ class Server:
         task_index: int | None = None,
         protocol: str | None = None,
         start: bool = True,
+        *,
+        config: Any = None,
     ):
         if isinstance(server_or_cluster_def, dict):
             server_or_cluster_def = ClusterSpec(server_or_cluster_def)
@@ -73,7 +80,17 @@ class Server:
                 "creates nd.ParameterServerStrategy and a ClusterCoordinator instead."
             )
         if protocol not in (None, "grpc"):
-            raise ClusterConfigError(f"protocol must be None, got {protocol!r}.")
+            raise UnsupportedOptionError(
+                f"nd.Server(protocol={protocol!r}) is not supported: nbdist's tasks talk over "
+                "their own authenticated sockets and gloo. Pass protocol=None (or 'grpc', "
+                "which means the same)."
+            )
+        if config is not None:
+            raise UnsupportedOptionError(
+                f"nd.Server(config={type(config).__name__}) is not supported: TF's ConfigProto "
+                "configures TF sessions, which nbdist does not have. Leave config out; set "
+                "threads with torch.set_num_threads(n) in the task's script instead."
+            )
         tasks = (
             server_or_cluster_def.job_tasks(job_name)
             if job_name in server_or_cluster_def.jobs
@@ -93,6 +110,7 @@ class Server:
         self._listener: Any = None
         self._stopped = threading.Event()
         self._started = False
+        self._worker_state = worker_task.new_state()
         if start:
             self.start()
 
@@ -128,6 +146,7 @@ class Server:
             self._listener.close()
 
     def _accept(self) -> None:
+        worker_task.serve_as(self._worker_state)  # this task's own state, not the process's
         while not self._stopped.is_set():
             try:
                 conn = self._listener.accept()

@@ -16,6 +16,7 @@ Example (needs running ps and worker tasks, so not run here)::
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator
@@ -101,6 +102,8 @@ class ParameterServerStrategy(Strategy):
         self._count = itertools.count()  # round-robin over ps tasks
         self._ids = itertools.count(1)
         self._names: dict[str, int] = {}
+        self._optimizer_ids: dict[int, int] = {}  # id(optimizer) -> its id on the ps tasks
+        self._slots_complete: set[int] = set()  # optimizer ids whose state the ps tasks hold
         self.worker_channels: list[Any] | None = None
         """Set by `nd.Cluster`: how to reach each worker (engines); else sockets to the
         worker tasks' addresses (`nd.Server`)."""
@@ -163,8 +166,17 @@ class ParameterServerStrategy(Strategy):
         if callable(initial_value):
             initial_value = initial_value()
         value = torch.as_tensor(initial_value, dtype=dtype).detach().cpu().clone()
-        trainable = True if trainable is None else bool(trainable)
-        return self._place(value, name or "Variable", "variable", trainable)
+        from nbdist.variables import VariableAggregation, VariableSynchronization, _enum
+
+        sync = _enum(VariableSynchronization, synchronization or "AUTO", "synchronization")
+        on_read = sync is VariableSynchronization.ON_READ
+        trainable = (not on_read) if trainable is None else bool(trainable)
+        variable = self._place(value, name or "Variable", "variable", trainable)
+        # One copy on the ps, which every worker's updates change: read on the chief it is
+        # the sum of the workers' updates (the aggregate a sync-on-read variable promises).
+        variable._synchronization = sync if on_read else VariableSynchronization.ON_WRITE
+        variable._aggregation = _enum(VariableAggregation, aggregation or "NONE", "aggregation")
+        return variable
 
     def _unique(self, name: str) -> str:
         count = self._names.get(name, 0)
@@ -242,12 +254,21 @@ class ParameterServerStrategy(Strategy):
 
     def pull(self, obj: Any) -> Any:
         """Copy the current values from the ps tasks into `obj` (a module created in `scope()`,
-        a parameter, or a list of them) on the chief; returns `obj`.
+        a parameter, a list of them, or an optimizer of them: its state) on the chief;
+        returns `obj`.
 
         Example::
 
             coordinator.join(); strategy.pull(model); accuracy = evaluate(model)
+            strategy.pull(optimizer); nd.checkpoint.save(path, model=model, optimizer=optimizer)
         """
+        if isinstance(obj, torch.optim.Optimizer):
+            from nbdist.strategies.parameter_server import optimizers
+
+            chief = self._chief_optimizer(obj)
+            if optimizers.load(chief, self._client):
+                self._slots_complete.add(chief.oid)
+            return obj
         with torch.no_grad():
             for item, spec in self._tracked(obj):
                 if isinstance(item, torch.Tensor):
@@ -256,7 +277,15 @@ class ParameterServerStrategy(Strategy):
 
     def push(self, obj: Any) -> Any:
         """Write `obj`'s values on the chief to the ps tasks (after restoring a checkpoint into
-        the chief's module); returns `obj`."""
+        the chief's module, or optimizer: its state replaces the ps tasks'); returns `obj`."""
+        if isinstance(obj, torch.optim.Optimizer):
+            from nbdist.strategies.parameter_server import optimizers
+
+            chief = self._chief_optimizer(obj)
+            optimizers.store(chief, self._client, overwrite=True)
+            if all(obj.state.get(p) for p, _ in chief.params):
+                self._slots_complete.add(chief.oid)
+            return obj
         for item, spec in self._tracked(obj):
             value = item.detach() if isinstance(item, torch.Tensor) else item.read_value()
             if isinstance(item, torch.Tensor):
@@ -276,10 +305,54 @@ class ParameterServerStrategy(Strategy):
         """What travels to a worker instead of `obj` (closures.dumps_closure), else None."""
         if obj is self:
             return ("strategy",)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self._optimizer_reference(obj)
         spec = self._specs.get(id(obj))
         if spec is not None and self._objects.get(spec.vid) is obj:
             return ("var", spec)
         return None
+
+    def _chief_optimizer(self, optimizer: torch.optim.Optimizer) -> Any:
+        """The chief's optimizer as `optimizers.load`/`store` see it (its id on the ps)."""
+        from nbdist.strategies.parameter_server.optimizers import WorkerOptimizer
+
+        self._optimizer_reference(optimizer)  # checks it, and gives it an id
+        if id(optimizer) not in self._optimizer_ids:
+            raise ArgumentTypeError(
+                f"{type(optimizer).__name__} trains no parameter created in this strategy's "
+                "scope(); pass the optimizer of a model created in strategy.scope()."
+            )
+        params = [
+            (p, self._specs[id(p)]) for group in optimizer.param_groups for p in group["params"]
+        ]
+        return WorkerOptimizer(self._optimizer_ids[id(optimizer)], optimizer, params)
+
+    def _optimizer_reference(self, optimizer: torch.optim.Optimizer) -> Any:
+        """An optimizer of this strategy's parameters travels as a reference: its state lives
+        on the ps tasks with the parameters (`optimizers`), so it lasts across functions."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        ours = [id(p) in self._specs for p in params]
+        if not any(ours):
+            return None  # an optimizer of other tensors travels by value, as before
+        if not all(ours):
+            raise ArgumentTypeError(
+                f"{type(optimizer).__name__} trains both parameters created in this "
+                "ParameterServerStrategy's scope() and others: its state cannot live on the ps "
+                "tasks. Create the model in strategy.scope() and give the optimizer only its "
+                "parameters."
+            )
+        from nbdist.strategies.parameter_server.optimizers import OptimizerRef
+
+        oid = self._optimizer_ids.get(id(optimizer))
+        if oid is None:
+            oid = self._optimizer_ids[id(optimizer)] = next(self._ids)
+            self._objects[oid] = optimizer  # keeps the id valid
+        state = optimizer.__getstate__()
+        if oid in self._slots_complete:
+            # The ps tasks hold every parameter's state (pulled or pushed): the chief's copy
+            # would be overwritten on the worker, so it does not travel.
+            state = {**state, "state": collections.defaultdict(dict)}
+        return ("optimizer", OptimizerRef(oid, type(optimizer), state))
 
     # -- run happens on workers ---------------------------------------------------------------
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:

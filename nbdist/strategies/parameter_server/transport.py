@@ -258,6 +258,20 @@ class PSClient:
         _, tensors = self.request(("read", list(ids)), into=into)
         return tensors
 
+    def read_slots(self, keys: list[tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
+        """The optimizer slots kept for each `(shard id, optimizer id)`: name -> value
+        (an empty dict where none exist yet)."""
+        names, tensors = self.request(("slots_read", list(keys)))
+        out, values = [], iter(tensors)
+        for group in names:
+            out.append({name: next(values) for name in group})
+        return out
+
+    def write_slots(self, entries: list[tuple[int, int, str, str]], tensors: list) -> None:
+        """Update optimizer slots `(shard id, optimizer id, name, "add" | "init")`, all in
+        one message (applied whole)."""
+        self.request(("slots_write", list(entries)), [t.detach().cpu() for t in tensors])
+
     def ping(self) -> None:
         """Raise `PSUnavailableError` unless the ps task answers."""
         self.request(("ping", []))

@@ -19,27 +19,45 @@ import contextlib
 import os
 import pickle
 import socket
+import threading
 import traceback
 from collections.abc import Iterator
 from typing import Any
 
-import cloudpickle
 import torch
 
 from nbdist.errors import ContextError, InvalidArgumentError, is_nbdist_file
+from nbdist.strategies.parameter_server import optimizers
 from nbdist.strategies.parameter_server.closures import VarSpec, loads_closure
 from nbdist.strategies.parameter_server.transport import PSClient
 
 __all__ = ["WorkerStrategy", "make_dataset", "run_closure", "worker_info"]
 
-_state: dict[str, Any] = {
-    "clients": {},  # ps address -> PSClient
-    "vars": {},  # vid -> (VarSpec, tensor or Parameter or Variable)
-    "datasets": {},  # dataset id -> dataset
-    "iterators": {},  # iterator id -> iterator
-    "buffers": {},  # (ps address, shard id) -> the shard's value as last read from the ps
-    "closures": 0,
-}
+def new_state() -> dict[str, Any]:
+    """One worker task's state: its variables' copies, datasets, iterators, connections."""
+    return {
+        "clients": {},  # ps address -> PSClient
+        "vars": {},  # vid -> (VarSpec, tensor or Parameter or Variable)
+        "datasets": {},  # dataset id -> dataset
+        "iterators": {},  # iterator id -> iterator
+        "buffers": {},  # (ps address, shard id) -> the shard's value as last read from the ps
+        "closures": 0,
+    }
+
+
+_process_state = new_state()  # an engine is one worker task: its state is the process's
+_serving = threading.local()
+
+
+def serve_as(state: dict[str, Any]) -> None:
+    """Make this thread act as the worker task owning `state`: each `nd.Server` worker task
+    of a process (TF's in-process cluster runs several) has its own variables, datasets and
+    iterators, so two workers never share a generator or a parameter copy."""
+    _serving.state = state
+
+
+def _st() -> dict[str, Any]:
+    return getattr(_serving, "state", _process_state)
 
 
 class WorkerStrategy:
@@ -70,6 +88,19 @@ class WorkerStrategy:
     def experimental_local_results(self, value: Any) -> tuple:
         return (value,)
 
+    def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
+        """`dataset_fn(input_context)` for this worker, as TF's parameter-server strategy
+        calls it: each worker is its own input pipeline, so the context says one pipeline
+        (`num_input_pipelines=1`, `input_pipeline_id=0`) and one replica; the dataset is
+        returned as it is (batched per worker)."""
+        from nbdist.input import InputContext
+
+        return dataset_fn(InputContext(1, 0, 1))
+
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        """The dataset itself: on a worker, one replica takes every batch."""
+        return dataset
+
     @contextlib.contextmanager
     def scope(self) -> Iterator[WorkerStrategy]:
         yield self
@@ -77,32 +108,44 @@ class WorkerStrategy:
 
 def worker_info() -> dict[str, Any]:
     """Host, pid and how many functions this worker has run."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "closures": _state["closures"]}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "closures": _st()["closures"]}
 
 
 def make_dataset(dataset_id: int, fn_bytes: bytes) -> dict[str, Any]:
     """Build per-worker dataset `dataset_id` here by calling its pickled `dataset_fn()`."""
+
+    def resolve(ref: Any) -> Any:
+        if ref[0] == "strategy":
+            return WorkerStrategy()
+        raise ContextError(
+            f"dataset_fn uses {ref[0]} {getattr(ref[1], 'name', '')!r} of the strategy: a "
+            "per-worker dataset is built once per worker, before any function runs. Pass "
+            "numbers or tensors to dataset_fn instead (read the variable on the chief first)."
+        )
+
     try:
-        fn = cloudpickle.loads(fn_bytes)
-        _state["datasets"][dataset_id] = fn()
-        for key in [k for k in _state["iterators"] if k[0] == dataset_id]:
-            del _state["iterators"][key]
+        fn = loads_closure(fn_bytes, resolve)
+        _st()["datasets"][dataset_id] = fn()
+        for key in [k for k in _st()["iterators"] if k[0] == dataset_id]:
+            del _st()["iterators"][key]
         return {"value": None}
     except BaseException as error:
         return _error_reply(error)
 
 
 def _client(index: int, address: str, timeout: float) -> PSClient:
-    clients = _state["clients"]
+    clients = _st()["clients"]
     if address not in clients:
         clients[address] = PSClient(index, address, timeout)
     return clients[address]
 
 
 def _local_object(spec: VarSpec) -> Any:
-    entry = _state["vars"].get(spec.vid)
-    if entry is not None:
+    entry = _st()["vars"].get(spec.vid)
+    if entry is not None and entry[0] == spec:
         return entry[1]
+    # New, or the same id from another strategy served by this process (its values are read
+    # from the ps tasks every function, so only the container's shape and kind matter).
     tensor = torch.zeros(spec.shape, dtype=spec.dtype)
     if spec.kind == "parameter":
         obj: Any = torch.nn.Parameter(tensor, requires_grad=spec.requires_grad)
@@ -111,7 +154,7 @@ def _local_object(spec: VarSpec) -> Any:
 
         obj = Variable.__new__(Variable)
         Variable.__init__(obj, tensor, trainable=spec.requires_grad, name=spec.name)
-    _state["vars"][spec.vid] = (spec, obj)
+    _st()["vars"][spec.vid] = (spec, obj)
     return obj
 
 
@@ -122,6 +165,7 @@ def _tensor_of(obj: Any) -> torch.Tensor:
 def run_closure(payload: bytes) -> dict[str, Any]:
     """Run one scheduled function here (see the module docstring)."""
     used: dict[int, VarSpec] = {}
+    opts: dict[int, optimizers.WorkerOptimizer] = {}  # optimizer id -> rebuilt here
     try:
         header = pickle.loads(payload)
         addresses: list[str] = header["ps"]
@@ -135,32 +179,47 @@ def run_closure(payload: bytes) -> dict[str, Any]:
                 return _local_object(spec)
             if kind == "strategy":
                 return WorkerStrategy()
+            if kind == "optimizer":
+                # Its parameters arrived as this worker's copies (resolved above).
+                described: optimizers.OptimizerRef = ref[1]
+                if described.oid not in opts:
+                    specs = {id(obj): spec for spec, obj in _st()["vars"].values()}
+                    opts[described.oid] = optimizers.rebuild(described, specs)
+                return opts[described.oid].optimizer
             if kind == "dataset":
                 return _dataset(ref[1])
             if kind == "iterator":
                 key = (ref[1], ref[2])
-                if key not in _state["iterators"]:
-                    _state["iterators"][key] = iter(_dataset(ref[1]))
-                return _state["iterators"][key]
+                if key not in _st()["iterators"]:
+                    _st()["iterators"][key] = iter(_dataset(ref[1]))
+                return _st()["iterators"][key]
             raise InvalidArgumentError(f"unknown reference {ref!r}")
 
         fn, args, kwargs = loads_closure(header["closure"], resolve)
         before = _read_variables(used, addresses, timeout)
-        _state["closures"] += 1
+
+        def client(ps: int) -> PSClient:
+            return _client(ps, addresses[ps], timeout)
+
+        for opt in opts.values():
+            optimizers.load(opt, client)
+        _st()["closures"] += 1
         value = fn(*args, **kwargs)
         _send_changes(used, before, addresses, timeout)
+        for opt in opts.values():
+            optimizers.store(opt, client)
         return {"value": _detached(value)}
     except BaseException as error:
         return _error_reply(error)
 
 
 def _dataset(dataset_id: int) -> Any:
-    if dataset_id not in _state["datasets"]:
+    if dataset_id not in _st()["datasets"]:
         raise ContextError(
             f"Per-worker dataset {dataset_id} was not built on this worker; create it with "
             "coordinator.create_per_worker_dataset(dataset_fn)."
         )
-    return _state["datasets"][dataset_id]
+    return _st()["datasets"][dataset_id]
 
 
 def _read_variables(
@@ -177,7 +236,7 @@ def _read_variables(
     for spec in used.values():
         for ps, shard, _ in spec.shards:
             wanted.setdefault(ps, []).append(shard)
-    buffers: dict[tuple[str, int], torch.Tensor] = _state["buffers"]
+    buffers: dict[tuple[str, int], torch.Tensor] = _st()["buffers"]
     values: dict[tuple[int, int], torch.Tensor] = {}
     for ps, shards in wanted.items():
         keys = [(addresses[ps], shard) for shard in shards]
@@ -189,7 +248,7 @@ def _read_variables(
     before: dict[int, list[torch.Tensor]] = {}
     for vid, spec in used.items():
         parts = [values[(ps, shard)] for ps, shard, _ in spec.shards]
-        obj = _state["vars"][vid][1]
+        obj = _st()["vars"][vid][1]
         local = _tensor_of(obj)
         with torch.no_grad():
             if len(parts) == 1:
@@ -215,7 +274,7 @@ def _send_changes(
     shards it left unchanged are not sent."""
     deltas: dict[int, dict[int, torch.Tensor]] = {}
     for vid, spec in used.items():
-        now = _tensor_of(_state["vars"][vid][1]).detach()
+        now = _tensor_of(_st()["vars"][vid][1]).detach()
         row = 0
         for (ps, shard, rows), old in zip(spec.shards, before[vid]):
             part = now.reshape(old.shape) if len(spec.shards) == 1 else now[row : row + rows]
