@@ -194,7 +194,11 @@ def failure(error: BaseException, stage: str) -> dict[str, Any]:
     if tb is None:  # raised by nbdist itself (e.g. a missing nd.remote name): the message says it
         text = "".join(traceback_module.format_exception_only(type(error), error))
     else:
-        text = "".join(traceback_module.format_exception(type(error), error, tb))
+        shown = traceback_module.TracebackException(type(error), error, tb)
+        if _raised_on_purpose(error):  # the user's frames and the message say it all
+            frames = [frame for frame in shown.stack if not _internal(frame.filename)]
+            shown.stack = traceback_module.StackSummary.from_list(frames)
+        text = "".join(shown.format())
     return {
         "ok": False,
         "stage": stage,
@@ -204,6 +208,13 @@ def failure(error: BaseException, stage: str) -> dict[str, Any]:
         "secondary": type(error).__name__ in _SECONDARY,
         "name": getattr(error, "name", None) if isinstance(error, NameError) else None,
     }
+
+
+def _raised_on_purpose(error: BaseException) -> bool:
+    """True for an nbdist error (its frames inside nbdist are left out of the traceback)."""
+    from nbdist.errors import NbdistError
+
+    return isinstance(error, NbdistError)
 
 
 _PLUMBING = (f"{os.sep}ipyparallel{os.sep}", f"{os.sep}torch{os.sep}utils{os.sep}_pytree.py")

@@ -21,6 +21,15 @@ is marked unusable (`Cluster.mark_broken`), and the next cell or `strategy.run` 
 `ClusterUnusableError` naming what happened and the fix. Nothing ever pairs a new collective
 with a stuck one.
 
+Note [Caught interrupts]: user code may catch the `KeyboardInterrupt` that SIGINT raises and
+go on running Python (`except KeyboardInterrupt: pass`). Such an engine is not blocked: it
+will come back, and it publishes where it runs (`engine_side.guards`). The supervisor names it
+("replica 1 caught the KeyboardInterrupt ... and is still running line 6 (...)") and does not
+mark the cluster unusable: calls are refused while it is busy (naming that line), and the
+group, abandoned by the interrupt, is formed again before the next call once every engine is
+idle (`Cluster.reform_when_idle`). Only engines that publish nothing (blocked in C, or
+ignoring SIGINT) make the cluster unusable.
+
 Timeouts and Ctrl-C interrupt the engines still running (SIGINT through ipyparallel's nanny)
 and abandon the group (which releases engines blocked in C), then give them a few seconds to
 come back.
@@ -51,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbdist.cluster import _wire
 from nbdist.cluster.engine_side import calls as engine_calls
+from nbdist.cluster.engine_side.guards import INTERRUPT_KEY
 from nbdist.cluster.engine_side.health import release_peers
 from nbdist.cluster.errors import (
     ClusterInterrupted,
@@ -72,6 +82,7 @@ __all__ = [
     "call_engines",
     "checked_replies",
     "failure_of",
+    "interrupt_note",
     "reply_of",
     "reply_ok",
     "say_late_output",
@@ -313,12 +324,27 @@ class Supervisor:
                 f" Replica(s) {died} died; the cluster is unusable: run {fix} (engine state is "
                 "lost)."
             )
-        if still:
-            self.cluster.mark_broken(
-                f"{what}, and replica(s) {still} are still busy (blocked outside Python)"
-            )
+        notes = {
+            info.rank: interrupt_note(self.cluster.client, part)
+            for info, part in zip(self.engines, self.parts)
+            if not part.ready()
+        }
+        if still and all(notes.get(rank) for rank in still):
+            # Note [Caught interrupts]: running Python, they will come back; the group is
+            # formed again once every engine is idle.
+            self.cluster.reform_when_idle(what)
+            named = "; ".join(f"replica {rank} {notes[rank]}" for rank in still)
             return (
-                f" Replica(s) {still} are still busy (blocked outside Python); the cluster is "
+                f" {named[0].upper()}{named[1:]}. Nothing else runs on the cluster until "
+                f"{'it finishes' if len(still) == 1 else 'they finish'} (the process group is "
+                "then formed again, keeping the engines' variables); to stop waiting, run "
+                f"{fix} (engine state is lost)."
+            )
+        if still:
+            blocked = "blocked outside Python, or ignoring SIGINT"
+            self.cluster.mark_broken(f"{what}, and replica(s) {still} are still busy ({blocked})")
+            return (
+                f" Replica(s) {still} are still busy ({blocked}); the cluster is "
                 f"unusable: run {fix} (engine state is lost)."
             )
         problem = self.cluster.repair(what)
@@ -377,9 +403,10 @@ def _engine_error(reply: BaseException) -> bool:
 
 
 def _doing(part: Any) -> str:
-    """What one engine was doing when interrupted, from its reply (or that it is still busy)."""
+    """What one engine was doing when interrupted, from its reply (or that it is still busy:
+    the cluster's state sentence says more)."""
     if not part.ready():
-        return "still busy (blocked outside Python)"
+        return "still busy"
     reply = reply_of(part)
     if isinstance(reply, BaseException):
         return "its engine died" if _engine_error(reply) else f"{type(reply).__name__}"
@@ -390,6 +417,19 @@ def _doing(part: Any) -> str:
     if ename == "KeyboardInterrupt":
         return f"interrupted {where}".strip()
     return f"{ename} {where}".strip()
+
+
+def interrupt_note(client: Any, part: Any) -> str | None:
+    """What a still-running engine published after catching a `KeyboardInterrupt`
+    (`engine_side.guards.interrupt_note`, e.g. "caught the KeyboardInterrupt (raised at line
+    3 (...)) and is still running line 6 (...)"), else None."""
+    metadata = getattr(client, "metadata", None) or {}
+    for msg_id in list(getattr(part, "msg_ids", ())):
+        md = metadata.get(msg_id)
+        note = (md.get("data") or {}).get(INTERRUPT_KEY) if md is not None else None
+        if note:
+            return str(note)
+    return None
 
 
 def failure_of(info: EngineInfo, reply: Any) -> RemoteFailure:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from nbdist.cluster import _wire
-from nbdist.cluster.calls import call_engines, reply_ok
+from nbdist.cluster.calls import call_engines, interrupt_note, reply_ok
 from nbdist.cluster.engine_side import health, joining
 from nbdist.cluster.errors import ClusterStartError, ClusterUnusableError, EngineTimeoutError
 from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
@@ -54,6 +54,8 @@ _ATTACH = (
     "_nbdist_engine_state.attach(get_ipython().user_ns)\n"
     "del _nbdist_engine_state\n"
 )
+"""The first code every engine runs: remember its namespace; `exit()` and `quit()` are refused
+there from now on (`engine_side.guards.refuse_exit`)."""
 
 _running: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _atexit_registered = False
@@ -167,6 +169,7 @@ class Cluster:
         self._state = "stopped"
         self._broken: str | None = None
         self._repaired: str | None = None
+        self._reform_pending: str | None = None  # why the group must be formed again once idle
         self._rendezvous: tuple[str, int] | None = None  # the store: rank 0's address, port
         self._group_prefix: str | None = None  # the group generation's prefix in the store
         self._generation = 0
@@ -503,17 +506,43 @@ class Cluster:
                 reason=self._broken,
             )
         self.require_idle(what, fix)
+        if self._reform_pending is not None:
+            reason, self._reform_pending = self._reform_pending, None
+            problem = self.repair(reason)
+            if problem is not None:
+                self.mark_broken(f"{reason}; forming the process group again failed: {problem}")
+                self.require_usable(what, fix)
 
     def require_idle(self, what: str, fix: str = "cluster.restart()") -> None:
         """Raise `ClusterUnusableError` if an engine still runs an earlier request (it would
-        queue behind it)."""
+        queue behind it), saying what it runs when it caught an interrupt and went on."""
         busy = [row.rank for row in self.status() if row.state == "busy"]
         if busy:
+            notes = self.busy_notes()
+            running = "".join(f" Replica {rank} {notes[rank]}." for rank in busy if rank in notes)
             raise ClusterUnusableError(
-                f"{what} was not run: replica(s) {busy} are still busy with an earlier request. "
-                f"Wait for it, or run {fix} to start fresh engines (engine state is lost).",
+                f"{what} was not run: replica(s) {busy} are still busy with an earlier request."
+                f"{running} Wait for it, or run {fix} to start fresh engines (engine state is "
+                "lost).",
                 reason=f"replica(s) {busy} are busy",
             )
+
+    def busy_notes(self) -> dict[int, str]:
+        """`{replica: note}` for engines running on after catching a `KeyboardInterrupt`
+        (Note [Caught interrupts] in `calls`): what they run now."""
+        notes = {}
+        for info in self._engines:
+            for request in list(self._inflight.get(info.id, ())):
+                note = interrupt_note(self._client, request)
+                if note:
+                    notes[info.rank] = note
+        return notes
+
+    def reform_when_idle(self, reason: str) -> None:
+        """Form the process group again before the next call that needs it, once every engine
+        is idle (an interrupt abandoned it while an engine ran on: Note [Caught interrupts] in
+        `calls`)."""
+        self._reform_pending = self._reform_pending or reason
 
     def mark_broken(self, reason: str) -> None:
         """Record why the process group is unusable (the first reason is kept) until restart."""
@@ -584,6 +613,7 @@ class Cluster:
         self._processes = ProcessSet()
         self._broken = None
         self._repaired = None
+        self._reform_pending = None
         self._rendezvous = None
         self._group_prefix = None
         self._inflight = {}

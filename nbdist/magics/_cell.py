@@ -43,6 +43,8 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
     """Execute `code` in the engine's namespace; reply with the last expression's value."""
     import linecache
 
+    from nbdist.cluster.engine_side.guards import watched_call
+
     start = time.perf_counter()
     try:
         from IPython import get_ipython
@@ -57,8 +59,9 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr) and not _silenced(code):
             last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, filename, "exec"), namespace)
-        value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
+        with watched_call():
+            exec(compile(tree, filename, "exec"), namespace)
+            value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
         show_figures()
     except BaseException as error:  # reported to the notebook, never raised here
         with contextlib.suppress(Exception):
@@ -213,8 +216,10 @@ def distribute_cell(
     """Run `cell` on the engines of replicas `targets` (default: all) at once.
 
     Returns:
-        The last expression's values as a `PerReplica` (replica order of `targets`), or None
-        when the cell ends with a statement (or every engine's value is None).
+        The last expression's values as a `PerReplica` carrying the targets' replica ids, in
+        replica order (`--targets 1,0` gives `PerReplica:{0: ..., 1: ...}`, `--targets 1`
+        gives `PerReplica:{1: ...}`), or None when the cell ends with a statement (or every
+        engine's value is None).
 
     Raises:
         SyntaxError: the cell is not valid Python (checked here, before sending).
@@ -234,7 +239,7 @@ def distribute_cell(
     engines = list(cluster.engines)
     if targets is not None:
         by_rank = {info.rank: info for info in engines}
-        engines = [by_rank[rank] for rank in targets]
+        engines = [by_rank[rank] for rank in sorted(targets)]
     cluster.require_alive("the cell", fix="`%dist restart`")
     cluster.require_usable("The cell", fix="`%dist restart`")
     client = cluster.client
@@ -282,7 +287,7 @@ def distribute_cell(
             ) from error
     if all(value is None for value in values):
         return None
-    return PerReplica(values)
+    return PerReplica(values, replica_ids=[info.rank for info in engines])
 
 
 def _finish_output(parts: list[Any], streams: _Streams) -> None:
