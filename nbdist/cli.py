@@ -57,35 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
             "and stop the engines."
         ),
     )
-    demo.add_argument(
-        "--engines",
-        type=_count,
-        default=None,
-        metavar="N",
-        help="engines (= replicas) to start (default: one per GPU, else 2)",
-    )
-    demo.add_argument(
-        "--epochs",
-        type=_count,
-        default=6,
-        help="passes over the training set (default: %(default)s)",
-    )
-    demo.add_argument(
-        "--out",
-        type=Path,
-        default=Path("nbdist-demo"),
-        metavar="DIR",
-        help="folder for metrics.json and dashboard.png (default: ./nbdist-demo)",
-    )
-    demo.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seed of the split, the weights and the shuffling (default: 0)",
-    )
-    demo.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="do not show the progress bar"
-    )
+    demo.add_argument("--engines", type=_count, default=None, metavar="N",
+                      help="engines (= replicas) to start (default: one per GPU, else 2)")
+    demo.add_argument("--epochs", type=_count, default=6,
+                      help="passes over the training set (default: %(default)s)")
+    demo.add_argument("--out", type=Path, default=Path("nbdist-demo"), metavar="DIR",
+                      help="folder for metrics.json and dashboard.png (default: ./nbdist-demo)")
+    demo.add_argument("--seed", type=int, default=0,
+                      help="seed of the split, the weights and the shuffling (default: 0)")
+    demo.add_argument("--no-progress", dest="progress", action="store_false",
+                      help="do not show the progress bar")
     demo.add_argument("--in-process", action="store_true",
                       help="no engines: thread replicas (MirroredStrategy on cpu:0..N-1) in "
                       "this process")  # fmt: skip

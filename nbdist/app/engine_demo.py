@@ -170,10 +170,8 @@ def _train(cluster, epochs, seed, progress, say, timings) -> dict[str, Any]:
         bar.close()
     timings["training"] = time.perf_counter() - started
     raise_if_interrupted()
-    checksums = [
-        float(c)
-        for c in strategy.experimental_local_results(strategy.run(training.parameter_checksum))
-    ]
+    checksums = [float(c) for c in
+                 strategy.experimental_local_results(strategy.run(training.parameter_checksum))]
     identical = len(set(checksums)) == 1
     say(f"final test accuracy {epoch_accuracies[-1]:.2%}; replicas identical: {identical}")
     return {

@@ -88,7 +88,9 @@ def epoch_iterator(epoch: int) -> Any:
     data, strategy = _job["data"], _job["strategy"]
     order = torch.randperm(len(data.x_train), generator=torch.Generator().manual_seed(
         _job["seed"] * 1000 + epoch))  # fmt: skip
-    batches = [(data.x_train[idx], data.y_train[idx]) for idx in order.split(GLOBAL_BATCH_SIZE)]
+    batches = [
+        (data.x_train[idx], data.y_train[idx]) for idx in order.split(GLOBAL_BATCH_SIZE)
+    ]
     return iter(strategy.experimental_distribute_dataset(batches))
 
 

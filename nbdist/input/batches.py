@@ -47,7 +47,6 @@ def warn_if_empty(bounds: list[tuple[int, int]], where: str) -> None:
             stacklevel=3,
         )
 
-
 _PLAIN_LEAVES = (int, float, complex, bool, str, bytes, np.generic)
 
 

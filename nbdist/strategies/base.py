@@ -81,7 +81,6 @@ class Strategy:
     # -- scope ----------------------------------------------------------------------------
     # Whether `scope()` enters cross-replica context; only the default strategy's does not.
     changes_context = True
-
     def _replica_in_this_thread(self) -> ReplicaContext | None:
         """The replica context `run` enters in the caller's thread, for a strategy that runs
         its one local replica there (None: `_call_for_each_replica` enters each replica's).
