@@ -73,6 +73,12 @@ class NamespaceFunction:
         11
     """
 
+    # Note [Shipped source wins]: a notebook cell's "file" exists only in the notebook's
+    # linecache; the engine may know the same name with other lines (an earlier version of
+    # the cell, a cell of its own under that name, a file of that path on its host). The
+    # lines shipped with the function replace them, so a traceback on the engine shows the
+    # function's own line, or none, never another cell's.
+
     def __init__(self, fn: types.FunctionType):
         self.code = fn.__code__
         self.name = fn.__name__
@@ -90,10 +96,14 @@ class NamespaceFunction:
     def build(self, namespace: dict[str, Any]) -> types.FunctionType:
         """The function, with `namespace` as its globals."""
         filename = self.code.co_filename
-        if self.source and not linecache.getlines(filename):
-            # So that the engine's traceback shows the notebook's lines.
+        if self.source and linecache.getlines(filename) != self.source:
+            # So that the engine's traceback shows the notebook's lines, never the lines of
+            # whatever the engine knows under that name (Note [Shipped source wins]).
             size = sum(map(len, self.source))
             linecache.cache[filename] = (size, None, list(self.source), filename)
+        elif not self.source and filename.startswith("<"):
+            # No source came with it: show no line rather than another cell's.
+            linecache.cache[filename] = (0, None, [], filename)
         closure = None
         if self.closure is not None:
             closure = tuple(

@@ -226,6 +226,8 @@ class Supervisor:
         """Replicas that abandoned the group to release peers waiting for them."""
         self.fault: str | None = None
         """What went wrong with the group during this call (timeout, interrupt, release)."""
+        self.destroyed: list[int] = []
+        """Replicas whose user code destroyed the process group (`settle` forms it again)."""
         self._split_since: float | None = None
         self._next_check = 0.0
 
@@ -302,6 +304,17 @@ class Supervisor:
             for info, reply in zip(self.engines, replies)
             if isinstance(reply, BaseException) and _engine_error(reply)
         ]
+        destroyed = [
+            info.rank
+            for info, reply in zip(self.engines, replies)
+            if isinstance(reply, dict) and reply.get("group_destroyed")
+        ]
+        if destroyed:
+            self.destroyed = destroyed
+            self.fault = self.fault or (
+                f"dist.destroy_process_group() on replica(s) {destroyed} ended the engines' "
+                f"process group during {self.what}"
+            )
         failed_collective = any(  # nbdist's collectives, or a torch.distributed call's error
             isinstance(reply, dict)
             and not reply_ok(reply)
@@ -477,6 +490,13 @@ def checked_replies(
     ]
     state = supervisor.settle(fix)
     if not failures:
+        if supervisor.destroyed:  # formed again (or not): say so, the cell itself succeeded
+            print(
+                f"[nbdist] dist.destroy_process_group() on replica(s) {supervisor.destroyed} "
+                f"ended the engines' process group.{state} To stop the engines, use {fix_stop(fix)}"
+                " instead.",
+                file=sys.stderr,
+            )
         return replies
     died = [f.replica for f in failures if f.ename == "EngineError"]
     if died:  # a collective that failed because a peer died is that death's consequence
@@ -485,6 +505,11 @@ def checked_replies(
     if state:
         notes.append(state.strip())
     raise RemoteError(what, failures, len(engines), notes)
+
+
+def fix_stop(fix: str) -> str:
+    """How to stop the engines, in the words of `fix` (the notebook's magic or the API)."""
+    return "`%dist stop`" if "%dist" in fix else "cluster.stop()"
 
 
 def _after_death(failure: RemoteFailure, died: list[int]) -> RemoteFailure:

@@ -20,13 +20,19 @@ import logging
 import socket
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from nbdist.cluster import _wire
 from nbdist.cluster.calls import call_engines, interrupt_note, reply_ok
 from nbdist.cluster.engine_side import health, joining
-from nbdist.cluster.errors import ClusterStartError, ClusterUnusableError, EngineTimeoutError
+from nbdist.cluster.errors import (
+    ClusterInterrupted,
+    ClusterStartError,
+    ClusterStoppedError,
+    ClusterUnusableError,
+    EngineTimeoutError,
+)
 from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
 from nbdist.cluster.lockdown import private_dirs, private_files
 from nbdist.cluster.plan import LaunchPlan, make_plan
@@ -243,7 +249,9 @@ class Cluster:
                 registered, group joined), e.g. `print`; `%dist start` shows them.
 
         Raises:
-            EngineTimeoutError: (a `TimeoutError`) engines did not register or join in time.
+            EngineTimeoutError: (a `TimeoutError`) the controller or the engines did not start,
+                register or join in time; the message names the timeout to raise.
+            ClusterInterrupted: (a `KeyboardInterrupt`) Ctrl-C; everything started was stopped.
             ClusterStartError: (a `RuntimeError`) the controller or an engine failed to start,
                 or an engine failed to create its strategy; the message has the engine output.
         """
@@ -261,10 +269,24 @@ class Cluster:
             self._launch(deadline)
             self._join(deadline)
         except BaseException as error:
-            output = output_tail(self._ipp)
-            self._teardown()
-            if isinstance(error, (KeyboardInterrupt, ClusterStartError, EngineTimeoutError)):
-                if output and not isinstance(error, KeyboardInterrupt):
+            output = "" if isinstance(error, KeyboardInterrupt) else output_tail(self._ipp)
+            with _interrupts_deferred():  # a second Ctrl-C must not leave processes behind
+                self._teardown()
+            if isinstance(error, KeyboardInterrupt):
+                raise ClusterInterrupted(
+                    "Starting the cluster was interrupted (Ctrl-C); every process it had "
+                    "started was stopped. Start it again when you are ready."
+                ) from None
+            if isinstance(error, TimeoutError) and not isinstance(error, EngineTimeoutError):
+                # ipyparallel's own wait (the controller's connection files) ran out of time
+                error = EngineTimeoutError(
+                    f"The controller did not start within timeout={self._plan.timeout:g} s "
+                    f"({error}). Raise the timeout (Cluster(timeout=...), or `%dist start "
+                    "--timeout S`; the default is 120 s) on a slow or busy machine."
+                )
+                raise error from None
+            if isinstance(error, (ClusterStartError, EngineTimeoutError)):
+                if output:
                     error.args = (f"{error.args[0]}\n{output}", *error.args[1:])
                 raise
             raise ClusterStartError(
@@ -642,10 +664,30 @@ class Cluster:
     # -- helpers --------------------------------------------------------------------------
     def _require_running(self, what: str) -> None:
         if self._state != "running":
-            raise RuntimeError(
-                f"{what} needs running engines, but the cluster is {self._state}. Call "
-                "cluster.start() first (or use `with nd.Cluster(...) as cluster:`)."
+            raise ClusterStoppedError(
+                f"{what} needs running engines, but the cluster is {self._state}. Start it: "
+                "cluster.start() (or `with nd.Cluster(...) as cluster:`; in a notebook, "
+                "`%dist start`), then run it again."
             )
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT in the main thread) until the block ends, then raise it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _register_atexit() -> None:

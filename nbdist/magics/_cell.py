@@ -43,7 +43,7 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
     """Execute `code` in the engine's namespace; reply with the last expression's value."""
     import linecache
 
-    from nbdist.cluster.engine_side.guards import watched_call
+    from nbdist.cluster.engine_side.guards import noting_the_group, watched_call
 
     start = time.perf_counter()
     try:
@@ -87,7 +87,7 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
             traceback="",
         )
         return reply
-    return {"ok": True, "value": data, "elapsed": time.perf_counter() - start}
+    return noting_the_group({"ok": True, "value": data, "elapsed": time.perf_counter() - start})
 
 
 def _mark_cell_start(filename: str) -> None:

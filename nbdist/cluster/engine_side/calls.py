@@ -45,7 +45,7 @@ def call(payload: bytes) -> dict[str, Any]:
             value = strategy.run(replica_fn)
     except BaseException as error:  # reported to the notebook, never raised here
         return failure_reply(error, "run")
-    return _reply(value, start)
+    return guards.noting_the_group(_reply(value, start))
 
 
 def call_steps(payload: bytes, steps: int) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def call_steps(payload: bytes, steps: int) -> dict[str, Any]:
         reply = failure_reply(error, f"step {done + 1}")
         reply["steps"] = done
         return reply
-    reply = _reply(value, start)
+    reply = guards.noting_the_group(_reply(value, start))
     reply["steps"] = done
     return reply
 

@@ -1,6 +1,6 @@
 """What a cell must not do to its engine, and what the notebook must learn from a busy one.
 
-Runs on the engine. Two guards:
+Runs on the engine. Three guards:
 
 - `refuse_exit`: `exit()` and `quit()` in a cell (IPython's exiter calls `shell.ask_exit()`)
   would make ipykernel stop the engine's event loop ~0.1 s after the cell returned: the cell
@@ -15,6 +15,11 @@ Runs on the engine. Two guards:
   busy engine: requests queue behind the running one). The notebook names it precisely
   instead of calling the replica "blocked outside Python" (Note [Cluster health] in
   `nbdist.cluster.calls`).
+
+- `group_destroyed`: a cell that called `dist.destroy_process_group()` leaves the engines
+  without the group their strategy created; every reply says so (`noting_the_group`), and the
+  notebook forms it again at once, saying so, instead of letting the next collective fail
+  with torch's "Default process group has not been initialized".
 
 `running()` also tells the engine's SIGTERM handler (`nbdist.cluster._engine_main`) that the
 main thread is busy in user code, so a stop exits at once instead of waiting for a call that
@@ -39,7 +44,16 @@ from typing import Any
 
 from nbdist.errors import ContextError
 
-__all__ = ["INTERRUPT_KEY", "interrupt_note", "refuse_exit", "running", "watched_call"]
+__all__ = [
+    "GROUP_DESTROYED",
+    "INTERRUPT_KEY",
+    "group_destroyed",
+    "interrupt_note",
+    "noting_the_group",
+    "refuse_exit",
+    "running",
+    "watched_call",
+]
 
 INTERRUPT_KEY = "nbdist_interrupt"
 """The key of the interrupt note in the data the engine publishes for the running request."""
@@ -51,7 +65,31 @@ EXIT_REFUSED = (
     "to end a cell early, raise an exception (or return from a function)."
 )
 
+GROUP_DESTROYED = (
+    "torch.distributed's default process group on this engine was destroyed "
+    "(dist.destroy_process_group() in this or an earlier cell), so this collective could not "
+    "run. nbdist forms the group again after this call, keeping the engines' variables: run "
+    "it again. To stop the engines, use `%dist stop` (cluster.stop()) instead of destroying "
+    "their group."
+)
+
 _call: dict[str, Any] = {"depth": 0, "interrupted": None}
+
+
+def group_destroyed() -> bool:
+    """True when user code destroyed the process group this engine's strategy created
+    (`dist.destroy_process_group()`); the notebook then forms it again on every engine."""
+    from nbdist.cluster.engine_side import state
+
+    group = state.group()
+    return bool(getattr(group, "destroyed_elsewhere", False))
+
+
+def noting_the_group(reply: dict[str, Any]) -> dict[str, Any]:
+    """`reply`, with `"group_destroyed": True` added when `group_destroyed()`."""
+    if group_destroyed():
+        reply["group_destroyed"] = True
+    return reply
 
 
 def refuse_exit(shell: Any) -> None:
