@@ -608,6 +608,12 @@ class Cluster:
     # -- stopping -------------------------------------------------------------------------
     def _teardown(self) -> None:
         self._record_processes()
+        if any(self._inflight.values()):
+            # Engines blocked in a collective run no Python, so they cannot take the stop
+            # signal; abandoning the group wakes them within a heartbeat (Note [Waking a
+            # blocked collective]) instead of ipyparallel killing them 5 s later.
+            with contextlib.suppress(Exception):
+                self.abort_group("the cluster is stopping")
         if self._client is not None:
             if self._plan.launcher == "ssh" and self._client.ids:
                 # Engines on other hosts exit when asked through the controller; ipyparallel's
