@@ -36,7 +36,7 @@ from nbdist.cluster.errors import (
 from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
 from nbdist.cluster.lockdown import private_dirs, private_files
 from nbdist.cluster.plan import LaunchPlan, make_plan
-from nbdist.cluster.processes import KILL_GRACE_S, ProcessSet, pid_alive
+from nbdist.cluster.processes import ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
 from nbdist.cluster.startup import (
     launch_failure,
@@ -62,6 +62,9 @@ _ATTACH = (
 )
 """The first code every engine runs: remember its namespace; `exit()` and `quit()` are refused
 there from now on (`engine_side.guards.refuse_exit`)."""
+
+REAP_GRACE_S = 1.0
+"""Seconds what is left of a cluster after ipyparallel's stop gets to exit before it is killed."""
 
 _running: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _atexit_registered = False
@@ -634,7 +637,10 @@ class Cluster:
                     except Exception as error:  # keep going: the processes are reaped below
                         _LOG.warning("ipyparallel could not stop the cluster cleanly: %s", error)
             self.log_file = write_log(launchers, self._ipp.profile_dir, self._ipp.cluster_id)
-        self._processes.reap(min(self._plan.timeout, KILL_GRACE_S))
+        # Left now: helpers (schedulers, nannies) whose controller and engines are gone, and
+        # processes that ignored the stop; they get REAP_GRACE_S, then are killed (a stop
+        # takes at most 5 s).
+        self._processes.reap(min(self._plan.timeout, REAP_GRACE_S))
         self._ipp = None
         self._client = None
         self._engines = ()
