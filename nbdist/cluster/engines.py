@@ -57,8 +57,10 @@ __all__ = ["Cluster"]
 _LOG = logging.getLogger(__name__)
 _ATTACH = (
     "import nbdist.cluster.engine_side.state as _nbdist_engine_state\n"
+    "import nbdist.cluster.engine_side.guards as _nbdist_engine_guards\n"
     "_nbdist_engine_state.attach(get_ipython().user_ns)\n"
-    "del _nbdist_engine_state\n"
+    "_nbdist_engine_guards.refuse_exit(get_ipython())\n"
+    "del _nbdist_engine_state, _nbdist_engine_guards\n"
 )
 """The first code every engine runs: remember its namespace; `exit()` and `quit()` are refused
 there from now on (`engine_side.guards.refuse_exit`)."""

@@ -21,7 +21,7 @@ MODULES = sorted(
 
 def test_the_package_holds_one_module_per_job():
     names = {name.rsplit(".", 1)[1] for name in MODULES}
-    assert names == {"state", "joining", "calls", "health", "failures", "publisher"}
+    assert names == {"state", "joining", "calls", "health", "failures", "publisher", "guards"}
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -67,3 +67,26 @@ def test_an_engine_that_never_joined_says_how_to_fix_it():
     reply = calls.call(_wire.encode(_wire.Call.of(_user_step, (1,), {})))
     assert reply["ok"] is False
     assert "cluster.restart()" in reply["evalue"] or "nd.Cluster" in reply["evalue"], reply
+
+
+def test_a_caught_interrupt_is_noted_with_where_it_struck_and_where_the_code_is_now():
+    """`guards.watched_call` (issue 23, item 7): SIGINT still raises KeyboardInterrupt; once the
+    code caught it and runs on, `interrupt_note` says where it struck and where it is now."""
+    import os
+    import signal
+
+    from nbdist.cluster.engine_side import guards
+
+    assert guards.interrupt_note() is None and not guards.running()
+    with guards.watched_call():
+        assert guards.running()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            _ = [i for i in range(10**8)]  # interrupted here, by the signal
+        except KeyboardInterrupt:
+            note = guards.interrupt_note()  # the code runs on after catching it
+    assert note is not None and note.startswith("caught the KeyboardInterrupt (raised at ")
+    assert "test_cluster_engine_side.py line" in note
+    assert "and is still running test_cluster_engine_side.py line" in note
+    assert guards.interrupt_note() is None and not guards.running()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -32,15 +32,9 @@ def attach(user_ns: dict[str, Any]) -> None:
     """Remember the engine's interactive namespace (IPython's `user_ns`).
 
     The first thing the notebook runs on a new engine (`engines._ATTACH`), so that
-    `bootstrap` and the calls can reach the names the user's cells define. From then on
-    `exit()` and `quit()` raise there (`guards.refuse_exit`): they would stop the engine.
+    `bootstrap` and the calls can reach the names the user's cells define.
     """
     _state["namespace"] = user_ns
-    from IPython import get_ipython
-
-    from nbdist.cluster.engine_side.guards import refuse_exit
-
-    refuse_exit(get_ipython())
 
 
 def set_strategy(strategy: Any, rank: int) -> None:
