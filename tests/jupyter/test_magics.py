@@ -395,7 +395,8 @@ def test_dist_stop_is_quick_while_a_replica_runs_on_after_ctrl_c(dist_shell, tmp
     assert "blocked outside Python" not in message and cluster.broken is None
     capsys.readouterr()
     dist_shell.run_line_magic("dist", "status")
-    assert "busy" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "busy" in shown and "Replica 1 caught the KeyboardInterrupt" in shown
     pids = cluster.processes
     begin = time.monotonic()
     dist_shell.run_line_magic("dist", "stop")
