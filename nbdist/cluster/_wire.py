@@ -75,9 +75,11 @@ class NamespaceFunction:
 
     # Note [Shipped source wins]: a notebook cell's "file" exists only in the notebook's
     # linecache; the engine may know the same name with other lines (an earlier version of
-    # the cell, a cell of its own under that name, a file of that path on its host). The
-    # lines shipped with the function replace them, so a traceback on the engine shows the
-    # function's own line, or none, never another cell's.
+    # the cell, a cell of its own under that name, a file of that path on its host), and
+    # where every cell has one name (ipykernel's IPYKERNEL_CELL_NAME) even the notebook's
+    # lines may be another cell's. Lines that do not define the function there are not
+    # shipped (`_defines`), and the lines shipped replace the engine's, so a traceback on the
+    # engine shows the function's own line, or none, never another cell's.
 
     def __init__(self, fn: types.FunctionType):
         self.code = fn.__code__
@@ -91,6 +93,8 @@ class NamespaceFunction:
         )
         filename = self.code.co_filename
         lines = linecache.getlines(filename)
+        if not _defines(lines, self.code):
+            lines = []  # another cell's lines under this name (IPYKERNEL_CELL_NAME): show none
         self.source = lines if sum(map(len, lines)) <= _SOURCE_LIMIT else None
 
     def build(self, namespace: dict[str, Any]) -> types.FunctionType:
@@ -101,8 +105,8 @@ class NamespaceFunction:
             # whatever the engine knows under that name (Note [Shipped source wins]).
             size = sum(map(len, self.source))
             linecache.cache[filename] = (size, None, list(self.source), filename)
-        elif not self.source and filename.startswith("<"):
-            # No source came with it: show no line rather than another cell's.
+        elif self.source is not None and not self.source:
+            # The notebook had no lines of this function: show none rather than another's.
             linecache.cache[filename] = (0, None, [], filename)
         closure = None
         if self.closure is not None:
@@ -118,6 +122,31 @@ class NamespaceFunction:
 
     def __repr__(self) -> str:
         return f"<function {self.qualname} (resolved on the engine)>"
+
+
+def _defines(lines: Sequence[str], code: types.CodeType) -> bool:
+    """True when `lines` hold the definition of `code` where it says it starts (a `def` of its
+    name, or a `lambda`, within the first lines of the definition, decorators included).
+
+    Example:
+        >>> def f():
+        ...     return 1
+        >>> code = f.__code__.replace(co_firstlineno=2)
+        >>> _defines(["x = 1\\n", "def f():\\n", "    return 1\\n"], code)
+        True
+        >>> _defines(["x = 1\\n", "y = 2\\n", "z = 3\\n"], code)
+        False
+    """
+    first = code.co_firstlineno
+    if not 0 < first <= len(lines):
+        return False
+    window = lines[first - 1 : first + 19]
+    if code.co_name == "<lambda>":
+        return "lambda" in window[0]
+    return any(
+        line.lstrip().startswith((f"def {code.co_name}", f"async def {code.co_name}"))
+        for line in window
+    )
 
 
 def _cell_value(cell: types.CellType) -> Any:
