@@ -135,15 +135,25 @@ def launcher_has_exited(launcher: Any) -> bool:
     return thread is not None and not thread.is_alive()
 
 
-def stop_noting_engine(engine_class: type) -> type:
+def stop_noting_engine(
+    engine_class: type,
+    busy: Callable[[], bool] = lambda: False,
+    exit_now: Callable[[], Any] | None = None,
+) -> type:
     """A subclass of ipyparallel's `IPEngine` whose class attribute `stopping` turns True when
-    the engine is asked to stop (SIGTERM), through `IPEngine._signal_stop`, its handler."""
+    the engine is asked to stop (SIGTERM), through `IPEngine._signal_stop`, its handler.
+
+    When `busy()` says the main thread is running a request, the handler calls `exit_now()`:
+    ipyparallel's handler only stops the event loop, which a busy main thread never returns
+    to, so the engine would wait for ipyparallel's SIGKILL (5 s later)."""
 
     class Engine(engine_class):  # type: ignore[misc, valid-type]
         stopping = False
 
         def _signal_stop(self, sig: int, frame: Any) -> None:
             Engine.stopping = True
+            if exit_now is not None and busy():
+                exit_now()
             super()._signal_stop(sig, frame)
 
     return Engine

@@ -10,6 +10,7 @@ from nbdist.cluster.engines import Cluster
 from nbdist.cluster.errors import (
     ClusterInterrupted,
     ClusterStartError,
+    ClusterStoppedError,
     ClusterUnusableError,
     EngineTimeoutError,
     RemoteError,
@@ -25,6 +26,7 @@ __all__ = [
     "Cluster",
     "ClusterInterrupted",
     "ClusterStartError",
+    "ClusterStoppedError",
     "ClusterUnusableError",
     "EngineInfo",
     "EngineStatus",

@@ -10,7 +10,9 @@ engine's Python (a remote host's `remote_python`).
 A normal stop (SIGTERM from `Cluster.stop`) exits with status 0: ipyparallel's engine stops its
 event loop from the signal handler, which makes tornado's `run_sync` raise "Event loop stopped
 before Future completed" (exit status 1, and a traceback in the engine's log that `%dist stop`
-would show). Any other way out keeps its status.
+would show). Any other way out keeps its status. A stop that arrives while a request runs
+(a cell that caught a KeyboardInterrupt and runs on) exits at once from the signal handler:
+the event loop it would stop is not running.
 
 It also starts `watch_parent` first, so the engine stops when the process that started it
 dies. (The engine writes none of the cluster's files, so the user's umask stays: files a cell
@@ -31,9 +33,9 @@ def main() -> None:
     from ipyparallel.engine.app import IPEngine
 
     from nbdist._private_api import stop_noting_engine
-    from nbdist.cluster.engine_side import calls, joining  # noqa: F401  (what the notebook calls)
+    from nbdist.cluster.engine_side import calls, guards, joining  # noqa: F401
 
-    Engine = stop_noting_engine(IPEngine)
+    Engine = stop_noting_engine(IPEngine, busy=guards.running, exit_now=_exit_at_once)
     try:
         Engine.launch_instance()
     except RuntimeError:

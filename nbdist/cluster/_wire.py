@@ -73,6 +73,14 @@ class NamespaceFunction:
         11
     """
 
+    # Note [Shipped source wins]: a notebook cell's "file" exists only in the notebook's
+    # linecache; the engine may know the same name with other lines (an earlier version of
+    # the cell, a cell of its own under that name, a file of that path on its host), and
+    # where every cell has one name (ipykernel's IPYKERNEL_CELL_NAME) even the notebook's
+    # lines may be another cell's. Lines that do not define the function there are not
+    # shipped (`_defines`), and the lines shipped replace the engine's, so a traceback on the
+    # engine shows the function's own line, or none, never another cell's.
+
     def __init__(self, fn: types.FunctionType):
         self.code = fn.__code__
         self.name = fn.__name__
@@ -85,15 +93,21 @@ class NamespaceFunction:
         )
         filename = self.code.co_filename
         lines = linecache.getlines(filename)
+        if not _defines(lines, self.code):
+            lines = []  # another cell's lines under this name (IPYKERNEL_CELL_NAME): show none
         self.source = lines if sum(map(len, lines)) <= _SOURCE_LIMIT else None
 
     def build(self, namespace: dict[str, Any]) -> types.FunctionType:
         """The function, with `namespace` as its globals."""
         filename = self.code.co_filename
-        if self.source and not linecache.getlines(filename):
-            # So that the engine's traceback shows the notebook's lines.
+        if self.source and linecache.getlines(filename) != self.source:
+            # So that the engine's traceback shows the notebook's lines, never the lines of
+            # whatever the engine knows under that name (Note [Shipped source wins]).
             size = sum(map(len, self.source))
             linecache.cache[filename] = (size, None, list(self.source), filename)
+        elif self.source is not None and not self.source:
+            # The notebook had no lines of this function: show none rather than another's.
+            linecache.cache[filename] = (0, None, [], filename)
         closure = None
         if self.closure is not None:
             closure = tuple(
@@ -108,6 +122,31 @@ class NamespaceFunction:
 
     def __repr__(self) -> str:
         return f"<function {self.qualname} (resolved on the engine)>"
+
+
+def _defines(lines: Sequence[str], code: types.CodeType) -> bool:
+    """True when `lines` hold the definition of `code` where it says it starts (a `def` of its
+    name, or a `lambda`, within the first lines of the definition, decorators included).
+
+    Example:
+        >>> def f():
+        ...     return 1
+        >>> code = f.__code__.replace(co_firstlineno=2)
+        >>> _defines(["x = 1\\n", "def f():\\n", "    return 1\\n"], code)
+        True
+        >>> _defines(["x = 1\\n", "y = 2\\n", "z = 3\\n"], code)
+        False
+    """
+    first = code.co_firstlineno
+    if not 0 < first <= len(lines):
+        return False
+    window = lines[first - 1 : first + 19]
+    if code.co_name == "<lambda>":
+        return "lambda" in window[0]
+    return any(
+        line.lstrip().startswith((f"def {code.co_name}", f"async def {code.co_name}"))
+        for line in window
+    )
 
 
 def _cell_value(cell: types.CellType) -> Any:
@@ -194,7 +233,11 @@ def failure(error: BaseException, stage: str) -> dict[str, Any]:
     if tb is None:  # raised by nbdist itself (e.g. a missing nd.remote name): the message says it
         text = "".join(traceback_module.format_exception_only(type(error), error))
     else:
-        text = "".join(traceback_module.format_exception(type(error), error, tb))
+        shown = traceback_module.TracebackException(type(error), error, tb)
+        if _raised_on_purpose(error):  # the user's frames and the message say it all
+            frames = [frame for frame in shown.stack if not _internal(frame.filename)]
+            shown.stack = traceback_module.StackSummary.from_list(frames)
+        text = "".join(shown.format())
     return {
         "ok": False,
         "stage": stage,
@@ -204,6 +247,13 @@ def failure(error: BaseException, stage: str) -> dict[str, Any]:
         "secondary": type(error).__name__ in _SECONDARY,
         "name": getattr(error, "name", None) if isinstance(error, NameError) else None,
     }
+
+
+def _raised_on_purpose(error: BaseException) -> bool:
+    """True for an nbdist error (its frames inside nbdist are left out of the traceback)."""
+    from nbdist.errors import NbdistError
+
+    return isinstance(error, NbdistError)
 
 
 _PLUMBING = (f"{os.sep}ipyparallel{os.sep}", f"{os.sep}torch{os.sep}utils{os.sep}_pytree.py")

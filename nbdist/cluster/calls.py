@@ -21,6 +21,15 @@ is marked unusable (`Cluster.mark_broken`), and the next cell or `strategy.run` 
 `ClusterUnusableError` naming what happened and the fix. Nothing ever pairs a new collective
 with a stuck one.
 
+Note [Caught interrupts]: user code may catch the `KeyboardInterrupt` that SIGINT raises and
+go on running Python (`except KeyboardInterrupt: pass`). Such an engine is not blocked: it
+will come back, and it publishes where it runs (`engine_side.guards`). The supervisor names it
+("replica 1 caught the KeyboardInterrupt ... and is still running line 6 (...)") and does not
+mark the cluster unusable: calls are refused while it is busy (naming that line), and the
+group, abandoned by the interrupt, is formed again before the next call once every engine is
+idle (`Cluster.reform_when_idle`). Only engines that publish nothing (blocked in C, or
+ignoring SIGINT) make the cluster unusable.
+
 Timeouts and Ctrl-C interrupt the engines still running (SIGINT through ipyparallel's nanny)
 and abandon the group (which releases engines blocked in C), then give them a few seconds to
 come back.
@@ -51,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbdist.cluster import _wire
 from nbdist.cluster.engine_side import calls as engine_calls
+from nbdist.cluster.engine_side.guards import INTERRUPT_KEY
 from nbdist.cluster.engine_side.health import release_peers
 from nbdist.cluster.errors import (
     ClusterInterrupted,
@@ -72,6 +82,7 @@ __all__ = [
     "call_engines",
     "checked_replies",
     "failure_of",
+    "interrupt_note",
     "reply_of",
     "reply_ok",
     "say_late_output",
@@ -221,6 +232,8 @@ class Supervisor:
         """Replicas that abandoned the group to release peers waiting for them."""
         self.fault: str | None = None
         """What went wrong with the group during this call (timeout, interrupt, release)."""
+        self.destroyed: list[int] = []
+        """Replicas whose user code destroyed the process group (`settle` forms it again)."""
         self._split_since: float | None = None
         self._next_check = 0.0
 
@@ -297,6 +310,17 @@ class Supervisor:
             for info, reply in zip(self.engines, replies)
             if isinstance(reply, BaseException) and _engine_error(reply)
         ]
+        destroyed = [
+            info.rank
+            for info, reply in zip(self.engines, replies)
+            if isinstance(reply, dict) and reply.get("group_destroyed")
+        ]
+        if destroyed:
+            self.destroyed = destroyed
+            self.fault = self.fault or (
+                f"dist.destroy_process_group() on replica(s) {destroyed} ended the engines' "
+                f"process group during {self.what}"
+            )
         failed_collective = any(  # nbdist's collectives, or a torch.distributed call's error
             isinstance(reply, dict)
             and not reply_ok(reply)
@@ -319,12 +343,27 @@ class Supervisor:
                 f" Replica(s) {died} died; the cluster is unusable: run {fix} (engine state is "
                 "lost)."
             )
-        if still:
-            self.cluster.mark_broken(
-                f"{what}, and replica(s) {still} are still busy (blocked outside Python)"
-            )
+        notes = {
+            info.rank: interrupt_note(self.cluster.client, part)
+            for info, part in zip(self.engines, self.parts)
+            if not part.ready()
+        }
+        if still and all(notes.get(rank) for rank in still):
+            # Note [Caught interrupts]: running Python, they will come back; the group is
+            # formed again once every engine is idle.
+            self.cluster.reform_when_idle(what)
+            named = "; ".join(f"replica {rank} {notes[rank]}" for rank in still)
             return (
-                f" Replica(s) {still} are still busy (blocked outside Python); the cluster is "
+                f" {named[0].upper()}{named[1:]}. Nothing else runs on the cluster until "
+                f"{'it finishes' if len(still) == 1 else 'they finish'} (the process group is "
+                "then formed again, keeping the engines' variables); to stop waiting, run "
+                f"{fix} (engine state is lost)."
+            )
+        if still:
+            blocked = "blocked outside Python, or ignoring SIGINT"
+            self.cluster.mark_broken(f"{what}, and replica(s) {still} are still busy ({blocked})")
+            return (
+                f" Replica(s) {still} are still busy ({blocked}); the cluster is "
                 f"unusable: run {fix} (engine state is lost)."
             )
         problem = self.cluster.repair(what)
@@ -383,9 +422,10 @@ def _engine_error(reply: BaseException) -> bool:
 
 
 def _doing(part: Any) -> str:
-    """What one engine was doing when interrupted, from its reply (or that it is still busy)."""
+    """What one engine was doing when interrupted, from its reply (or that it is still busy:
+    the cluster's state sentence says more)."""
     if not part.ready():
-        return "still busy (blocked outside Python)"
+        return "still busy"
     reply = reply_of(part)
     if isinstance(reply, BaseException):
         return "its engine died" if _engine_error(reply) else f"{type(reply).__name__}"
@@ -396,6 +436,19 @@ def _doing(part: Any) -> str:
     if ename == "KeyboardInterrupt":
         return f"interrupted {where}".strip()
     return f"{ename} {where}".strip()
+
+
+def interrupt_note(client: Any, part: Any) -> str | None:
+    """What a still-running engine published after catching a `KeyboardInterrupt`
+    (`engine_side.guards.interrupt_note`, e.g. "caught the KeyboardInterrupt (raised at line
+    3 (...)) and is still running line 6 (...)"), else None."""
+    metadata = getattr(client, "metadata", None) or {}
+    for msg_id in list(getattr(part, "msg_ids", ())):
+        md = metadata.get(msg_id)
+        note = (md.get("data") or {}).get(INTERRUPT_KEY) if md is not None else None
+        if note:
+            return str(note)
+    return None
 
 
 def failure_of(info: EngineInfo, reply: Any) -> RemoteFailure:
@@ -443,6 +496,13 @@ def checked_replies(
     ]
     state = supervisor.settle(fix)
     if not failures:
+        if supervisor.destroyed:  # formed again (or not): say so, the cell itself succeeded
+            print(
+                f"[nbdist] dist.destroy_process_group() on replica(s) {supervisor.destroyed} "
+                f"ended the engines' process group.{state} To stop the engines, use {fix_stop(fix)}"
+                " instead.",
+                file=sys.stderr,
+            )
         return replies
     died = [f.replica for f in failures if f.ename == "EngineError"]
     if died:  # a collective that failed because a peer died is that death's consequence
@@ -451,6 +511,11 @@ def checked_replies(
     if state:
         notes.append(state.strip())
     raise RemoteError(what, failures, len(engines), notes)
+
+
+def fix_stop(fix: str) -> str:
+    """How to stop the engines, in the words of `fix` (the notebook's magic or the API)."""
+    return "`%dist stop`" if "%dist" in fix else "cluster.stop()"
 
 
 def _after_death(failure: RemoteFailure, died: list[int]) -> RemoteFailure:

@@ -26,13 +26,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from nbdist.cluster import _wire
-from nbdist.cluster.calls import call_engines, reply_ok
+from nbdist.cluster.calls import call_engines, interrupt_note, reply_ok
 from nbdist.cluster.engine_side import health, joining
-from nbdist.cluster.errors import ClusterStartError, ClusterUnusableError, EngineTimeoutError
+from nbdist.cluster.errors import (
+    ClusterInterrupted,
+    ClusterStartError,
+    ClusterStoppedError,
+    ClusterUnusableError,
+    EngineTimeoutError,
+)
 from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
 from nbdist.cluster.lockdown import private_dirs, private_files
 from nbdist.cluster.plan import LaunchPlan, make_plan, with_communication
-from nbdist.cluster.processes import KILL_GRACE_S, ProcessSet, pid_alive
+from nbdist.cluster.processes import ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
 from nbdist.cluster.startup import (
     launch_failure,
@@ -54,9 +60,16 @@ __all__ = ["Cluster"]
 _LOG = logging.getLogger(__name__)
 _ATTACH = (
     "import nbdist.cluster.engine_side.state as _nbdist_engine_state\n"
+    "import nbdist.cluster.engine_side.guards as _nbdist_engine_guards\n"
     "_nbdist_engine_state.attach(get_ipython().user_ns)\n"
-    "del _nbdist_engine_state\n"
+    "_nbdist_engine_guards.refuse_exit(get_ipython())\n"
+    "del _nbdist_engine_state, _nbdist_engine_guards\n"
 )
+"""The first code every engine runs: remember its namespace; `exit()` and `quit()` are refused
+there from now on (`engine_side.guards.refuse_exit`)."""
+
+REAP_GRACE_S = 1.0
+"""Seconds what is left of a cluster after ipyparallel's stop gets to exit before it is killed."""
 
 _running: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _atexit_registered = False
@@ -188,6 +201,7 @@ class Cluster:
         self._state = "stopped"
         self._broken: str | None = None
         self._repaired: str | None = None
+        self._reform_pending: str | None = None  # why the group must be formed again once idle
         self._rendezvous: tuple[str, int] | None = None  # the store: rank 0's address, port
         self._group_prefix: str | None = None  # the group generation's prefix in the store
         self._generation = 0
@@ -265,7 +279,9 @@ class Cluster:
                 registered, group joined), e.g. `print`; `%dist start` shows them.
 
         Raises:
-            EngineTimeoutError: (a `TimeoutError`) engines did not register or join in time.
+            EngineTimeoutError: (a `TimeoutError`) the controller or the engines did not start,
+                register or join in time; the message names the timeout to raise.
+            ClusterInterrupted: (a `KeyboardInterrupt`) Ctrl-C; everything started was stopped.
             ClusterStartError: (a `RuntimeError`) the controller or an engine failed to start,
                 or an engine failed to create its strategy; the message has the engine output.
         """
@@ -283,10 +299,24 @@ class Cluster:
             self._launch(deadline)
             self._join(deadline)
         except BaseException as error:
-            output = output_tail(self._ipp)
-            self._teardown()
-            if isinstance(error, (KeyboardInterrupt, ClusterStartError, EngineTimeoutError)):
-                if output and not isinstance(error, KeyboardInterrupt):
+            output = "" if isinstance(error, KeyboardInterrupt) else output_tail(self._ipp)
+            with _interrupts_deferred():  # a second Ctrl-C must not leave processes behind
+                self._teardown()
+            if isinstance(error, KeyboardInterrupt):
+                raise ClusterInterrupted(
+                    "Starting the cluster was interrupted (Ctrl-C); every process it had "
+                    "started was stopped. Start it again when you are ready."
+                ) from None
+            if isinstance(error, TimeoutError) and not isinstance(error, EngineTimeoutError):
+                # ipyparallel's own wait (the controller's connection files) ran out of time
+                error = EngineTimeoutError(
+                    f"The controller did not start within timeout={self._plan.timeout:g} s "
+                    f"({error}). Raise the timeout (Cluster(timeout=...), or `%dist start "
+                    "--timeout S`; the default is 120 s) on a slow or busy machine."
+                )
+                raise error from None
+            if isinstance(error, (ClusterStartError, EngineTimeoutError)):
+                if output:
                     error.args = (f"{error.args[0]}\n{output}", *error.args[1:])
                 raise
             raise ClusterStartError(
@@ -583,32 +613,58 @@ class Cluster:
                 reason=self._broken,
             )
         self.require_idle(what, fix, wait=wait)
+        if self._reform_pending is not None:
+            reason, self._reform_pending = self._reform_pending, None
+            problem = self.repair(reason)
+            if problem is not None:
+                self.mark_broken(f"{reason}; forming the process group again failed: {problem}")
+                self.require_usable(what, fix)
 
     def require_idle(
         self, what: str, fix: str = "cluster.restart()", *, wait: float | None = 0.0
     ) -> None:
         """Wait up to `wait` seconds (None: no limit) for engines still running an earlier
         request (`what` would queue behind it). Still busy: `ClusterUnusableError` when the
-        cluster is unusable (an engine left blocked), else `BusyError`."""
+        cluster is unusable (an engine left blocked), else `BusyError`; either says what a
+        replica runs when it caught an interrupt and went on."""
         pending = [request for requests in self._inflight.values() for request in requests]
         if pending and self._broken is None and (wait is None or wait > 0):
             concurrent.futures.wait(pending, timeout=wait)
         busy = [row.rank for row in self.status() if row.state == "busy"]
         if not busy:
             return
+        notes = self.busy_notes()
+        running = "".join(f" Replica {rank} {notes[rank]}." for rank in busy if rank in notes)
         if self._broken is not None:
             raise ClusterUnusableError(
                 f"{what} was not run: replica(s) {busy} are still busy with an earlier request, "
-                f"and the cluster is unusable because {self._broken}. Run {fix} to start "
-                "fresh engines (engine state is lost).",
+                f"and the cluster is unusable because {self._broken}.{running} Run {fix} to "
+                "start fresh engines (engine state is lost).",
                 reason=self._broken,
             )
         waited = "" if not wait else f" after {wait:g} s"
         raise BusyError(
             f"{what} was not sent: replica(s) {busy} were still busy with an earlier "
-            f"request{waited}; the cluster is usable. Run it again once they finish (or give "
+            f"request{waited}.{running} The cluster is usable: run it again once they finish (or give "
             f"it a longer timeout), or run {fix} to stop them (engine state is lost)."
         )
+
+    def busy_notes(self) -> dict[int, str]:
+        """`{replica: note}` for engines running on after catching a `KeyboardInterrupt`
+        (Note [Caught interrupts] in `calls`): what they run now."""
+        notes = {}
+        for info in self._engines:
+            for request in list(self._inflight.get(info.id, ())):
+                note = interrupt_note(self._client, request)
+                if note:
+                    notes[info.rank] = note
+        return notes
+
+    def reform_when_idle(self, reason: str) -> None:
+        """Form the process group again before the next call that needs it, once every engine
+        is idle (an interrupt abandoned it while an engine ran on: Note [Caught interrupts] in
+        `calls`)."""
+        self._reform_pending = self._reform_pending or reason
 
     def mark_broken(self, reason: str) -> None:
         """Record why the process group is unusable (the first reason is kept) until restart."""
@@ -652,6 +708,12 @@ class Cluster:
     # -- stopping -------------------------------------------------------------------------
     def _teardown(self) -> None:
         self._record_processes()
+        if any(self._inflight.values()):
+            # Engines blocked in a collective run no Python, so they cannot take the stop
+            # signal; abandoning the group wakes them within a heartbeat (Note [Waking a
+            # blocked collective]) instead of ipyparallel killing them 5 s later.
+            with contextlib.suppress(Exception):
+                self.abort_group("the cluster is stopping")
         if self._client is not None:
             if self._plan.launcher == "ssh" and self._client.ids:
                 # Engines on other hosts exit when asked through the controller; ipyparallel's
@@ -672,13 +734,17 @@ class Cluster:
                     except Exception as error:  # keep going: the processes are reaped below
                         _LOG.warning("ipyparallel could not stop the cluster cleanly: %s", error)
             self.log_file = write_log(launchers, self._ipp.profile_dir, self._ipp.cluster_id)
-        self._processes.reap(min(self._plan.timeout, KILL_GRACE_S))
+        # Left now: helpers (schedulers, nannies) whose controller and engines are gone, and
+        # processes that ignored the stop; they get REAP_GRACE_S, then are killed (a stop
+        # takes at most 5 s).
+        self._processes.reap(min(self._plan.timeout, REAP_GRACE_S))
         self._ipp = None
         self._client = None
         self._engines = ()
         self._processes = ProcessSet()
         self._broken = None
         self._repaired = None
+        self._reform_pending = None
         self._rendezvous = None
         self._group_prefix = None
         self._inflight = {}
@@ -707,10 +773,30 @@ class Cluster:
     # -- helpers --------------------------------------------------------------------------
     def _require_running(self, what: str) -> None:
         if self._state != "running":
-            raise RuntimeError(
-                f"{what} needs running engines, but the cluster is {self._state}. Call "
-                "cluster.start() first (or use `with nd.Cluster(...) as cluster:`)."
+            raise ClusterStoppedError(
+                f"{what} needs running engines, but the cluster is {self._state}. Start it: "
+                "cluster.start() (or `with nd.Cluster(...) as cluster:`; in a notebook, "
+                "`%dist start`), then run it again."
             )
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT in the main thread) until the block ends, then raise it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _register_atexit() -> None:

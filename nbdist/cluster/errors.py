@@ -14,6 +14,7 @@ from nbdist.errors import NbdistError
 __all__ = [
     "ClusterInterrupted",
     "ClusterStartError",
+    "ClusterStoppedError",
     "ClusterUnusableError",
     "EngineTimeoutError",
     "RemoteError",
@@ -154,6 +155,12 @@ class EngineTimeoutError(NbdistError, TimeoutError):
 
 class ClusterStartError(NbdistError, RuntimeError):
     """The engines or the controller failed to start, or an engine failed to join the group."""
+
+
+class ClusterStoppedError(NbdistError, RuntimeError):
+    """The cluster is not running (never started, or stopped), so a call that needs its
+    engines (`cluster.strategy`, `cluster.client`, `push`, `pull`) cannot work; the message
+    names `cluster.start()` / `%dist start`."""
 
 
 class ClusterUnusableError(NbdistError, RuntimeError):

@@ -53,6 +53,9 @@ __all__ = [
 ]
 
 ENGINE_MODULE = "nbdist.cluster._engine_main"
+STOP_KILL_S = 2
+"""Seconds a local engine gets to exit after SIGTERM before it is killed (a normal engine
+exits at once: `_engine_main`)."""
 """The module every engine runs (`python -m ...`)."""
 
 CONTROLLER_MODULE = "nbdist.cluster._controller_main"
@@ -149,6 +152,9 @@ def ipyparallel_settings(
     engine_args: list[str] = []
     ssh_command: list[str] = []
     if plan.launcher == "local":
+        # An engine that does not exit on SIGTERM (blocked in C, or its code ignores the
+        # signal) is killed after STOP_KILL_S, so a stop stays within 5 s (ipyparallel: 5 s).
+        config.LocalEngineLauncher.stop_seconds_until_kill = STOP_KILL_S
         engine_cmd.append(parent_flag())
         engine_args.append(f"--IPEngine.wait_for_url_file={float(plan.timeout)}")
     elif plan.launcher == "ssh":

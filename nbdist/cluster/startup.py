@@ -100,7 +100,8 @@ def wait_for_registration(
                 break
     raise EngineTimeoutError(
         f"Only {len(client.ids)} of {plan.n} engines registered within "
-        f"{plan.timeout:g} s. Raise Cluster(timeout=...) on a slow or busy machine"
+        f"{plan.timeout:g} s. Raise the timeout (Cluster(timeout=...), or `%dist start "
+        "--timeout S`) on a slow or busy machine"
         + (
             f", and check that hosts {[h for h, _ in plan.hosts]} can reach this machine "
             "(the controller listens on all interfaces)."
@@ -120,8 +121,8 @@ def wait_all(result: Any, deadline: float, step: str, timeout: float) -> list[An
     """
     if not result.wait(_remaining(deadline)):
         raise EngineTimeoutError(
-            f"The engines did not finish {step} within {timeout:g} s. Raise "
-            "Cluster(timeout=...) on a slow or busy machine."
+            f"The engines did not finish {step} within {timeout:g} s. Raise the timeout "
+            "(Cluster(timeout=...), or `%dist start --timeout S`) on a slow or busy machine."
         )
     values = result.get(return_exceptions=True)
     errors = [(i, v) for i, v in enumerate(values) if isinstance(v, BaseException)]

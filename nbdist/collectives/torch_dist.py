@@ -209,6 +209,13 @@ class DistGroup:
             with contextlib.suppress(Exception):
                 dist.group.WORLD.abort()
 
+    @property
+    def destroyed_elsewhere(self) -> bool:
+        """True when torch's default group this object created was destroyed by other code
+        (`dist.destroy_process_group()` in a user's cell): its collectives cannot run until
+        the group is formed again (`reform`)."""
+        return self._owns_group and not dist.is_initialized()
+
     def reform(self, generation: str) -> None:
         """Leave the group and form a new one under `generation` (every rank, all idle).
 

@@ -48,6 +48,8 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
     """Execute `code` in the engine's namespace; reply with the last expression's value."""
     import linecache
 
+    from nbdist.cluster.engine_side.guards import noting_the_group, watched_call
+
     start = time.perf_counter()
     try:
         from IPython import get_ipython
@@ -62,8 +64,9 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr) and not _silenced(code):
             last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, filename, "exec"), namespace)
-        value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
+        with watched_call():
+            exec(compile(tree, filename, "exec"), namespace)
+            value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
         show_figures()
         check = _replica_fingerprint()
     except BaseException as error:  # reported to the notebook, never raised here
@@ -93,7 +96,7 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
     reply = {"ok": True, "value": data, "elapsed": time.perf_counter() - start}
     if check is not None:
         reply["fingerprint"] = check
-    return reply
+    return noting_the_group(reply)
 
 
 def _replica_fingerprint() -> tuple[list[str], list[int], list[list[float]]] | None:
@@ -233,8 +236,10 @@ def distribute_cell(
     """Run `cell` on the engines of replicas `targets` (default: all) at once.
 
     Returns:
-        The last expression's values as a `PerReplica` (replica order of `targets`), or None
-        when the cell ends with a statement (or every engine's value is None).
+        The last expression's values as a `PerReplica` carrying the targets' replica ids, in
+        replica order (`--targets 1,0` gives `PerReplica:{0: ..., 1: ...}`, `--targets 1`
+        gives `PerReplica:{1: ...}`), or None when the cell ends with a statement (or every
+        engine's value is None).
 
     Raises:
         SyntaxError: the cell is not valid Python (checked here, before sending).
@@ -255,7 +260,7 @@ def distribute_cell(
         engines = list(cluster.engines)
         if targets is not None:
             by_rank = {info.rank: info for info in engines}
-            engines = [by_rank[rank] for rank in targets]
+            engines = [by_rank[rank] for rank in sorted(targets)]
         cluster.require_alive("the cell", fix="`%dist restart`")
         left = cluster.time_left("The cell", timeout, deadline)
         cluster.require_usable("The cell", fix="`%dist restart`", wait=left)
@@ -319,7 +324,7 @@ def _run_cell(
             ) from error
     if all(value is None for value in values):
         return None
-    return PerReplica(values)
+    return PerReplica(values, replica_ids=[info.rank for info in engines])
 
 
 def check_replicas(cluster: Cluster, ranks: list[int], replies: list[dict[str, Any]]) -> None:

@@ -354,6 +354,11 @@ class DistMagics(Magics):
         print(header)
         if table:
             print(table)
+        for rank, note in sorted(cluster.busy_notes().items()):
+            print(
+                f"Replica {rank} {note}; cells wait until it finishes (`%dist restart` to stop "
+                "waiting: engine state is lost)."
+            )
         if dead:
             print(f"Replica(s) {dead} are dead: run `%dist restart` (engine state is lost).")
 

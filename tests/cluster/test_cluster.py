@@ -23,6 +23,7 @@ from ipyparallel import interactive
 import nbdist as nd
 from nbdist.cluster import (
     Cluster,
+    ClusterStoppedError,
     EngineTimeoutError,
     RemoteError,
     RemoteNameError,
@@ -199,6 +200,10 @@ def test_a_cluster_that_is_not_running_says_so():
     assert not cluster.running and cluster.engines == () and len(cluster.status()) == 0
     with pytest.raises(RuntimeError, match=r"cluster.start\(\)"):
         _ = cluster.strategy
+    # issue 23, item 9: an nbdist error naming both ways to start it
+    for reach in (lambda: cluster.strategy, lambda: cluster.client, lambda: cluster.pull("x")):
+        with pytest.raises(ClusterStoppedError, match=r"stopped.*cluster.start\(\).*%dist start"):
+            reach()
     cluster.stop()  # stopping a cluster that never started is fine
     assert "stopped" in repr(cluster)
 
@@ -348,6 +353,56 @@ def test_an_error_on_one_engine_names_the_replica(cluster):
     assert cluster.broken is None
     summed = cluster.strategy.run(replica_sums)[0]
     assert torch.equal(summed.values[1], torch.tensor([3.0, 10.0]))
+
+
+@interactive
+def fails_on_its_third_line():
+    value = 1
+    return value + not_defined_anywhere  # noqa: F821
+
+
+@interactive
+def lines_the_engine_knows_under(filename):
+    import linecache
+
+    lines = [f"# another cell's line {i}\n" for i in range(1, 2000)]
+    linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+
+
+@interactive
+def calls_exit(name):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        {"exit": exit, "quit": quit}[name]()
+    return dist.get_rank()
+
+
+def test_a_traceback_shows_the_functions_own_line_not_the_engines(cluster):
+    """Issue 23, item 9: the engine knows other lines under the function's file name (Note
+    [Shipped source wins]); the traceback shows the function's line, not one of those."""
+    filename = fails_on_its_third_line.__code__.co_filename
+    cluster.strategy.run(lines_the_engine_knows_under, args=(filename,))
+    with pytest.raises(RemoteError) as info:
+        cluster.strategy.run(fails_on_its_third_line)
+    message = str(info.value)
+    assert "return value + not_defined_anywhere" in message
+    assert "another cell's line" not in message
+
+
+@pytest.mark.parametrize("name", ["exit", "quit"])
+def test_exit_in_a_function_is_refused_there_and_the_engine_lives(cluster, name):
+    """Issue 23, item 7: `exit()` on one replica fails the call that made it, naming
+    `%dist stop`; the engine keeps running (its state too) and the next call works."""
+    cluster.strategy.run(remember, args=(nd.PerReplica([1, 2]),))
+    with pytest.raises(RemoteError) as info:
+        cluster.strategy.run(calls_exit, args=(name,))
+    assert info.value.replicas == (1,) and info.value.first.ename == "ContextError"
+    assert "exit() and quit() are refused on the engines" in str(info.value)
+    assert "%dist stop" in str(info.value) and "cluster.stop()" in str(info.value)
+    assert "autocall.py" not in str(info.value) and "engine_side" not in str(info.value)
+    assert cluster.broken is None and all(row.state == "alive" for row in cluster.status())
+    assert cluster.strategy.run(recall).values == (10, 20)
 
 
 def test_an_unpicklable_argument_is_refused_before_sending(cluster):

@@ -220,6 +220,7 @@ def test_an_engine_that_stays_busy_makes_the_cluster_unusable_until_restart(clus
         "import signal, time, torch.distributed as dist\n"
         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "if dist.get_rank() == 1:\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop below must kill it\n"
         "    time.sleep(600)\n"
     )
     error, seconds = _timed("cell timeout, replica ignores SIGINT", distribute_cell, cluster,
@@ -237,5 +238,15 @@ def test_an_engine_that_stays_busy_makes_the_cluster_unusable_until_restart(clus
     magics._status([])
     shown = capsys.readouterr().out
     assert "unusable: a %%distribute cell timed out" in shown and "%dist restart" in shown
+    assert "blocked outside Python, or ignoring SIGINT" in shown
+    # issue 23, item 7: stopping takes at most 5 s, also with replica 1 still in its cell,
+    # ignoring SIGTERM too (it is killed)
+    pids = cluster.processes
+    begin = time.monotonic()
+    cluster.stop()
+    seconds = time.monotonic() - begin
+    print(f"\nstop with replica 1 ignoring SIGINT in its cell: {seconds:.1f} s")
+    assert seconds <= 5.0
+    assert_processes_gone(pids, 5.0)
     # (restarting recovers: tests/cluster/test_cluster.py::test_lifecycle; the module's
     # finalizer stops this cluster and checks that none of its processes is left)

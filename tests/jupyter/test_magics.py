@@ -22,6 +22,7 @@ import nbdist as nd
 from nbdist.cluster import RemoteError
 from nbdist.errors import WorkerLostError
 from nbdist.magics import DistMagics, current_cluster
+from nbdist.testing import assert_processes_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -70,6 +71,7 @@ def test_status_and_stop_without_cluster(ipython, capsys):
             r"(?s)%dist start: Cannot start engines.*no-such-host\.invalid: ssh exited with 255"
             r".*without a password prompt",
         ),
+        ("start -n 1 --timeout 0.5", r"within (timeout=)?0.5 s.*Raise the timeout.*--timeout S"),
         ("start --launcher-option remote_python", r"not KEY=VALUE"),
         ("start --launcher-option bogus=1", r"\['bogus'\] are not settings.*engine_cmd"),
         ("frobnicate", r"unknown command 'frobnicate'"),
@@ -141,8 +143,13 @@ def test_output_first_and_none(dist_shell, capsys):
 
 
 def test_targets(dist_shell):
-    value = distribute(dist_shell, "int(os.environ['RANK'])", line="--targets 1")
+    value = distribute(dist_shell, "import os\nint(os.environ['RANK'])", line="--targets 1")
     assert value.values == (1,)
+    # issue 23, item 4: the result carries the targets' replica ids, in replica order
+    assert value.replica_ids == (1,) and repr(value) == "PerReplica:{1: 1}"
+    value = distribute(dist_shell, "int(os.environ['RANK'])", line="--targets 1,0")
+    assert value.replica_ids == (0, 1) and value.values == (0, 1)
+    assert repr(value) == "PerReplica:{0: 0, 1: 1}"
     with pytest.raises(UsageError, match=r"--targets"):
         distribute(dist_shell, "1", line="--targets 0,5")
 
@@ -360,6 +367,86 @@ def test_a_raw_collective_is_released_when_its_peer_fails(dist_shell):
     assert distribute(dist_shell, "base").values == (10, 20)  # variables kept
     cell = "t = torch.tensor([1.0 + dist.get_rank()])\ndist.all_reduce(t)\nt.item()"
     assert distribute(dist_shell, cell).values == (3.0, 3.0)
+
+
+def test_destroying_the_process_group_is_named_and_repaired(dist_shell, capsys):
+    """Issue 23, item 9: `dist.destroy_process_group()` in a cell is said at once and the
+    group formed again (variables kept); a collective after it in the same cell fails with a
+    ContextError naming it, not torch's raw "Default process group has not been initialized"."""
+    capsys.readouterr()
+    destroy = "import torch.distributed as dist\nkept = 5\ndist.destroy_process_group()"
+    assert distribute(dist_shell, destroy) is None
+    err = capsys.readouterr().err
+    assert "[nbdist] dist.destroy_process_group() on replica(s) [0, 1] ended the engines'" in err
+    assert "The process group was formed again; the engines kept their variables" in err
+    assert "`%dist stop`" in err
+    sum_cell = "t = torch.tensor([1.0 + dist.get_rank()])\ndist.all_reduce(t)\nt.item()"
+    assert distribute(dist_shell, sum_cell).values == (3.0, 3.0)
+    with pytest.raises(RemoteError) as info:
+        distribute(dist_shell, "dist.destroy_process_group()\n" + sum_cell)
+    message = str(info.value)
+    assert {f.ename for f in info.value.failures} == {"ContextError"}
+    assert "destroyed (dist.destroy_process_group() in this or an earlier cell)" in message
+    assert "Default process group has not been initialized" not in message
+    assert "distributed_c10d.py" not in message and "released from" not in message
+    assert "The process group was formed again" in message
+    assert distribute(dist_shell, sum_cell).values == (3.0, 3.0)
+    assert distribute(dist_shell, "kept").values == (5, 5)
+
+
+def test_dist_stop_is_quick_while_a_replica_runs_on_after_ctrl_c(dist_shell, tmp_path, capsys):
+    """Issue 23, item 7: replica 1 catches the KeyboardInterrupt and loops on: the interrupt
+    names it and its line (not "blocked outside Python"), the cluster is not unusable, and
+    `%dist stop` takes at most 5 s (it took 12.8 s); `%dist start` gives the module's last
+    test a cluster again."""
+    started = [tmp_path / "started0", tmp_path / "started1"]
+    cell = (
+        "import os, pathlib, time\n"
+        f"pathlib.Path({str(tmp_path / 'started')!r} + os.environ['RANK']).touch()\n"
+        "try:\n"
+        "    time.sleep(120)\n"
+        "except KeyboardInterrupt:\n"
+        "    pass\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    while True:\n"
+        "        pass\n"
+    )
+
+    def interrupt_when_both_sleep() -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not all(path.exists() for path in started):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        _thread.interrupt_main()
+
+    cluster = current_cluster()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # xdist may ignore it
+    thread = threading.Thread(target=interrupt_when_both_sleep, daemon=True)
+    try:
+        thread.start()
+        with pytest.raises(KeyboardInterrupt) as info:
+            distribute(dist_shell, cell, line="--timeout 90")
+        thread.join(WAIT_S)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    message = str(info.value)
+    assert "Replica 1 caught the KeyboardInterrupt (raised at line 4 (time.sleep(120)))" in message
+    assert "still running line 8 (while True:)" in message
+    assert "blocked outside Python" not in message and cluster.broken is None
+    capsys.readouterr()
+    dist_shell.run_line_magic("dist", "status")
+    shown = capsys.readouterr().out
+    assert "busy" in shown and "Replica 1 caught the KeyboardInterrupt" in shown
+    pids = cluster.processes
+    begin = time.monotonic()
+    dist_shell.run_line_magic("dist", "stop")
+    seconds = time.monotonic() - begin
+    print(f"\n%dist stop with replica 1 running on: {seconds:.1f} s")
+    assert seconds <= 5.0
+    assert_processes_gone(pids, 5.0)
+    dist_shell.run_line_magic("dist", "start -n 2 --timeout 90")
+    assert current_cluster().status().alive
 
 
 def test_killed_engine_is_shown_named_and_restart_recovers(dist_shell, capsys):

@@ -21,7 +21,7 @@ MODULES = sorted(
 
 def test_the_package_holds_one_module_per_job():
     names = {name.rsplit(".", 1)[1] for name in MODULES}
-    assert names == {"state", "joining", "calls", "health", "failures", "publisher"}
+    assert names == {"state", "joining", "calls", "health", "failures", "publisher", "guards"}
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -67,3 +67,60 @@ def test_an_engine_that_never_joined_says_how_to_fix_it():
     reply = calls.call(_wire.encode(_wire.Call.of(_user_step, (1,), {})))
     assert reply["ok"] is False
     assert "cluster.restart()" in reply["evalue"] or "nd.Cluster" in reply["evalue"], reply
+
+
+def test_a_caught_interrupt_is_noted_with_where_it_struck_and_where_the_code_is_now():
+    """`guards.watched_call` (issue 23, item 7): SIGINT still raises KeyboardInterrupt; once the
+    code caught it and runs on, `interrupt_note` says where it struck and where it is now."""
+    import os
+    import signal
+
+    from nbdist.cluster.engine_side import guards
+
+    assert guards.interrupt_note() is None and not guards.running()
+    with guards.watched_call():
+        assert guards.running()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            _ = [i for i in range(10**8)]  # interrupted here, by the signal
+        except KeyboardInterrupt:
+            note = guards.interrupt_note()  # the code runs on after catching it
+    assert note is not None and note.startswith("caught the KeyboardInterrupt (raised at ")
+    assert "test_cluster_engine_side.py line" in note
+    assert "and is still running test_cluster_engine_side.py line" in note
+    assert guards.interrupt_note() is None and not guards.running()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_function_ships_its_own_cells_lines_or_none():
+    """Note [Shipped source wins] (issue 23, item 9): where every cell has one file name
+    (ipykernel's IPYKERNEL_CELL_NAME), the notebook's lines under it may be another cell's;
+    they are not shipped, and the engine's lines of that name are replaced (by none), so a
+    traceback never shows another cell's line. The function's own lines travel and win."""
+    import linecache
+
+    namespace = {"__name__": "__main__"}
+    source = "x = 1\ndef step():\n    return missing_name\n"
+    exec(compile(source, "<one-name-for-every-cell>", "exec"), namespace)
+    step = namespace["step"]
+    other = ["y = 2\n", "z = 3\n", "print(y + z)  # another cell\n"]
+    linecache.cache["<one-name-for-every-cell>"] = (30, None, other, "<one-name-for-every-cell>")
+    shipped = _wire.NamespaceFunction(step)
+    assert shipped.source == []
+    built = shipped.build({})  # the engine knew the other cell's lines too: replaced by none
+    try:
+        built()
+    except NameError as error:
+        text = "".join(_wire.failure(error, "run")["traceback"])
+    assert "another cell" not in text and "line 3, in step" in text
+    own = source.splitlines(True)
+    linecache.cache["<one-name-for-every-cell>"] = (len(source), None, own, "x")
+    shipped = _wire.NamespaceFunction(step)
+    assert shipped.source == own
+    linecache.cache["<one-name-for-every-cell>"] = (30, None, other, "x")  # the engine's
+    try:
+        shipped.build({})()
+    except NameError as error:
+        text = "".join(_wire.failure(error, "run")["traceback"])
+    assert "return missing_name" in text and "another cell" not in text
+    del linecache.cache["<one-name-for-every-cell>"]

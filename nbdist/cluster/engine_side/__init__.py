@@ -13,6 +13,8 @@ One module per job:
 - `calls`: the entry points behind `strategy.run`, `run_steps`, `push` and `pull`.
 - `health`: releasing blocked peers and forming the process group again.
 - `failures`: failure replies that say where the user's code was and which peer failed first.
+- `guards`: what a cell must not do to its engine (`exit()`), and what a busy engine tells
+  the notebook (a `KeyboardInterrupt` it caught, a process group it destroyed).
 - `publisher`: the telemetry feed the engine publishes while a cell runs (`cluster.feed`
   is its notebook half).
 

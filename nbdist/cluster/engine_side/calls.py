@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from nbdist.cluster import _wire
-from nbdist.cluster.engine_side import state
+from nbdist.cluster.engine_side import guards, state
 from nbdist.cluster.engine_side.failures import failure_reply
 
 __all__ = ["call", "call_steps", "fetch", "store"]
@@ -41,10 +41,11 @@ def call(payload: bytes) -> dict[str, Any]:
             args, kwargs = _resolve((request.args, request.kwargs), namespace)
             return fn(*args, **kwargs)
 
-        value = strategy.run(replica_fn)
+        with guards.watched_call():
+            value = strategy.run(replica_fn)
     except BaseException as error:  # reported to the notebook, never raised here
         return failure_reply(error, "run")
-    return _reply(value, start)
+    return guards.noting_the_group(_reply(value, start))
 
 
 def call_steps(payload: bytes, steps: int) -> dict[str, Any]:
@@ -68,18 +69,19 @@ def call_steps(payload: bytes, steps: int) -> dict[str, Any]:
                 f"{type(iterator).__name__}. Create one there first, e.g. "
                 "`it = iter(strategy.experimental_distribute_dataset(data))`."
             )
-        for _ in range(steps):
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            value = strategy.run(fn, args=(batch,))
-            done += 1
+        with guards.watched_call():
+            for _ in range(steps):
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
+                value = strategy.run(fn, args=(batch,))
+                done += 1
     except BaseException as error:
         reply = failure_reply(error, f"step {done + 1}")
         reply["steps"] = done
         return reply
-    reply = _reply(value, start)
+    reply = guards.noting_the_group(_reply(value, start))
     reply["steps"] = done
     return reply
 

@@ -29,12 +29,15 @@ def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
     """`_wire.failure`, knowing one more consequence: a `torch.distributed` call the user made
     directly that failed because a peer that failed left the group (Note [Raw collectives] in
     `nbdist.collectives.torch_dist`) is secondary, and its message names that peer."""
-    reply = _wire.failure(error, stage)
-    reply["where"] = where(error)
-    if reply["secondary"]:
-        return reply
+    from nbdist.cluster.engine_side.guards import group_destroyed, noting_the_group
     from nbdist.collectives.torch_dist import raised_in_torch_distributed
 
+    reply = noting_the_group(_wire.failure(error, stage))
+    reply["where"] = where(error)
+    if group_destroyed() and raised_in_torch_distributed(error):
+        return _group_destroyed(reply, error)
+    if reply["secondary"]:
+        return reply
     group = state.group()
     if group is None or not raised_in_torch_distributed(error):
         return reply
@@ -57,6 +60,30 @@ def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
                 f"({message}); the process group is unusable until a restart. Original error: "
                 f"{reply['evalue']}"
             )
+    return reply
+
+
+def _group_destroyed(reply: dict[str, Any], error: BaseException) -> dict[str, Any]:
+    """`reply` for a `torch.distributed` call that failed because user code destroyed the
+    group: a `ContextError` naming that and the fix, with the user's frames only."""
+    import traceback as traceback_module
+
+    from nbdist.cluster.engine_side.guards import GROUP_DESTROYED
+
+    library = f"{os.sep}torch{os.sep}"
+    frames = [
+        frame
+        for frame in traceback_module.extract_tb(error.__traceback__)
+        if not _wire.is_internal(frame.filename) and library not in frame.filename
+    ]
+    text = "".join(traceback_module.format_list(frames))
+    reply.update(
+        ename="ContextError",
+        evalue=GROUP_DESTROYED,
+        secondary=False,
+        traceback=(f"Traceback (most recent call last):\n{text}" if text else "")
+        + f"nbdist.errors.ContextError: {GROUP_DESTROYED}\n",
+    )
     return reply
 
 

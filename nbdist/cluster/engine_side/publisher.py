@@ -4,9 +4,10 @@ snapshot it returns when the notebook pulls one.
 Runs on the engine: `joining.bootstrap` starts one publisher thread (`start_publisher`) that,
 at most twice a second and only when something new was recorded, sends the newest records with
 ipyparallel's data publication (a `data_message` on IOPub, attached to the request the engine
-is running). `engine_snapshot` is sent by reference by `nbdist.cluster.feed.pull` (so the
-engine imports this module: the same nbdist on both sides). `nbdist.cluster.feed` is the
-notebook's half, which reads both.
+is running); and, while a request runs on after catching a `KeyboardInterrupt`, a note saying
+which line it runs (`guards.interrupt_note`). `engine_snapshot` is sent by reference by
+`nbdist.cluster.feed.pull` (so the engine imports this module: the same nbdist on both
+sides). `nbdist.cluster.feed` is the notebook's half, which reads both.
 
 Example (on an engine that joined the cluster)::
 
@@ -88,6 +89,19 @@ def _publish_once(last: tuple) -> tuple:
     return now
 
 
+def _publish_interrupt_note(last: str | None) -> str | None:
+    """Publish `guards.interrupt_note()` for the running request when it changed: the
+    notebook reads it to name a replica that caught the KeyboardInterrupt and runs on."""
+    from ipyparallel.datapub import publish_data
+
+    from nbdist.cluster.engine_side.guards import INTERRUPT_KEY, interrupt_note
+
+    note = interrupt_note()
+    if note is not None and note != last:
+        publish_data({INTERRUPT_KEY: note})
+    return note
+
+
 def start_publisher() -> None:
     """Start this engine's publisher thread (once; runs on the engine)."""
     import threading
@@ -97,10 +111,12 @@ def start_publisher() -> None:
 
     def loop() -> None:
         last: tuple = ()
+        note: str | None = None
         while True:
             time.sleep(_PUBLISH_S)  # a pace, not a synchronisation
             try:
                 last = _publish_once(last)
+                note = _publish_interrupt_note(note)
             except Exception:  # no kernel (plain process) or a closed socket: stay quiet
                 time.sleep(5 * _PUBLISH_S)
 
