@@ -645,8 +645,8 @@ class Cluster:
         waited = "" if not wait else f" after {wait:g} s"
         raise BusyError(
             f"{what} was not sent: replica(s) {busy} were still busy with an earlier "
-            f"request{waited}.{running} The cluster is usable: run it again once they finish (or give "
-            f"it a longer timeout), or run {fix} to stop them (engine state is lost)."
+            f"request{waited}.{running} The cluster is usable: run it again once they finish "
+            f"(or give it a longer timeout), or run {fix} to stop them (engine state is lost)."
         )
 
     def busy_notes(self) -> dict[int, str]:
