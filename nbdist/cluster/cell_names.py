@@ -21,30 +21,48 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
 
-__all__ = ["execution_count", "numbered_like_the_editor", "remember", "rename"]
+__all__ = ["numbered_like_the_editor", "remember", "rename"]
 
 _LIMIT = 1000  # cells remembered (the oldest is forgotten first)
 _names: dict[str, int] = {}
 _FILE = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def execution_count() -> int | None:
-    """The number in the prompt of the cell IPython is running now (None outside IPython):
-    the number its history stored the cell under (`shell.execution_count` is already the next
-    cell's in IPython 9, still this one's in IPython 8)."""
-    shell = _shell()
-    raw = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
-    if raw:
-        return len(raw) - 1
-    count = getattr(shell, "execution_count", None)
-    return count if isinstance(count, int) else None
+def numbered_like_the_editor(filename: str, cell: str, source: str) -> str:
+    """`source` (a `%%distribute` cell's body `cell`, as Python) numbered as the editor numbers
+    the cell, and `filename` named after the cell's prompt (`Cell In[6]`) in tracebacks.
+
+    The body gets one empty line per line above it in the cell (the `%%distribute` line),
+    none when `%dist auto on` made the cell a `%%distribute` cell (the editor shows no such
+    line). A body that is not the cell IPython runs now (`distribute_cell` called from
+    code) keeps its own numbering and name.
+    """
+    count, above = _current_cell(cell)
+    remember(filename, count)
+    return "\n" * above + source
 
 
-def _shell() -> Any:
+def _current_cell(body: str) -> tuple[int | None, int]:
+    """`(execution count, lines above body)` of the cell IPython runs now, if `body` is its
+    `%%distribute` body; `(None, 0)` otherwise."""
     ipython = sys.modules.get("IPython")
-    return ipython.get_ipython() if ipython is not None else None
+    shell = ipython.get_ipython() if ipython is not None else None
+    raw = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
+    if not raw or len(raw) < 2:
+        return None, 0
+    # The number the history stored the cell under: `shell.execution_count` is already the
+    # next cell's in IPython 9 (still this one's in IPython 8).
+    count = len(raw) - 1
+    lines = str(raw[-1]).splitlines()
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
+        return None, 0
+    if lines[first].lstrip().startswith("%%distribute"):
+        if "\n".join(lines[first + 1 :]).strip() == body.strip():
+            return count, first + 1
+        return None, 0
+    return (count, 0) if str(raw[-1]).strip() == body.strip() else (None, 0)
 
 
 def remember(filename: str, count: int | None) -> None:
@@ -54,25 +72,6 @@ def remember(filename: str, count: int | None) -> None:
     _names[filename] = count
     while len(_names) > _LIMIT:
         del _names[next(iter(_names))]
-
-
-def numbered_like_the_editor(source: str) -> str:
-    """A `%%distribute` cell's body, numbered as the editor numbers the cell: one empty line
-    per line above the body (the `%%distribute` line), none when `%dist auto on` made the
-    cell a `%%distribute` cell (the editor shows no such line)."""
-    return "\n" * _lines_above_body() + source
-
-
-def _lines_above_body() -> int:
-    """How many lines of the cell being run come before the `%%distribute` cell's body."""
-    raw = getattr(getattr(_shell(), "history_manager", None), "input_hist_raw", None)
-    if not raw:
-        return 1
-    lines = str(raw[-1]).splitlines()
-    for index, line in enumerate(lines):
-        if line.strip():
-            return index + 1 if line.lstrip().startswith("%%distribute") else 0
-    return 1
 
 
 def rename(text: str) -> str:
@@ -93,7 +92,9 @@ def rename(text: str) -> str:
 
 def _kernel_label() -> Callable[[str], str | None]:
     """IPython's label for one of its own cells' file names (`Cell In[5]`), else None."""
-    format_name = getattr(getattr(_shell(), "compile", None), "format_code_name", None)
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    format_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
 
     def label(filename: str) -> str | None:
         if format_name is None:

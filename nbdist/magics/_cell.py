@@ -229,8 +229,7 @@ def distribute_cell(
     if output not in OUTPUT_MODES:
         raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}.")
     filename = f"<distribute-cell-{next(_counter)}>"
-    cell_names.remember(filename, cell_names.execution_count())  # `Cell In[6]` in tracebacks
-    source = cell_names.numbered_like_the_editor(python_source(cell))
+    source = cell_names.numbered_like_the_editor(filename, cell, python_source(cell))
     compile(source, filename, "exec")  # raised once, here, not by every engine
     engines = list(cluster.engines)
     if targets is not None:

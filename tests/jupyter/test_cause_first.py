@@ -67,6 +67,10 @@ CELLS = [
     "path = os.path.join(tempfile.gettempdir(), f'nbdist-cause-first-{os.getppid()}.pt')\n"
     "nd.checkpoint.save(path, model=torch.nn.Linear(2, 1))\n"
     "nd.checkpoint.restore(path, model=torch.nn.Linear(3, 1))",
+    "%dist auto on",
+    # In[10]: with `%dist auto on` the cell has no %%distribute line: its line 3 is line 3
+    "import os\nif os.environ['RANK'] == '1':\n    raise ValueError('auto')",
+    "%dist auto off",
     "%dist stop",
 ]
 
@@ -148,3 +152,11 @@ def test_a_checkpoint_mismatch_prints_its_message_once(notebook):
     for internal in ("save_restore.py", "with_traceback", NBDIST_DIR):
         assert internal not in text, internal
     assert len(text.splitlines()) <= 6
+
+
+def test_a_cell_run_by_dist_auto_keeps_its_line_numbers(notebook):
+    text, ename = _error(notebook.cells[9])
+    assert ename == "RemoteError"
+    lines = text.splitlines()
+    assert "  Cell In[10], line 3, in <module>" in lines, text
+    assert lines[-2] == "[replica 1] ValueError: auto", text
