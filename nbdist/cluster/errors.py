@@ -127,10 +127,10 @@ class RemoteError(NbdistError, RuntimeError):
         lines = [
             self.headline,
             *(f"  {failure.summary()}" for failure in primary),
-            *self._released_lines(),
-            *notes,
             f"Traceback of replica {self.first.replica} (engine {self.first.engine_id}):",
             self.first.shown(),
+            *self._released_lines(),
+            *notes,
             "Every replica's full traceback, nbdist's and torch's frames too: error.details.",
         ]
         super().__init__("\n".join(lines))
