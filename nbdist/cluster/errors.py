@@ -89,7 +89,8 @@ class RemoteError(NbdistError, RuntimeError):
     frames only (`RemoteFailure.short`), and each released replica as one line ("replica 0:
     released from all_reduce:SUM #3 because replica 1 failed"). Every frame and every chained
     error, nbdist's, torch's and gloo's included, stays in `details` (`%dist traceback` in a
-    notebook prints it).
+    notebook prints it). The message (`str(error)`, what a script prints) shows the first
+    cause's whole traceback: below the user's line, the frames of an nbdist call it made.
 
     Attributes:
         failures: `RemoteFailure` per failed replica, in replica order.
@@ -128,7 +129,7 @@ class RemoteError(NbdistError, RuntimeError):
             self.headline,
             *(f"  {failure.summary()}" for failure in primary),
             f"Traceback of replica {self.first.replica} (engine {self.first.engine_id}):",
-            self.first.shown(),
+            self.first.traceback.rstrip() or f"{self.first.ename}: {self.first.evalue}",
             *self._released_lines(),
             *notes,
             "Every replica's full traceback, nbdist's and torch's frames too: error.details.",
