@@ -70,14 +70,6 @@ class RemoteFailure:
         where = f"engine {self.engine_id}, host {self.host}, pid {self.pid}"
         return f"replica {self.replica} ({where}): {self.ename}: {text}".rstrip(": ")
 
-    def shown(self) -> str:
-        """The traceback shown first: the user's frames and the error's line, else the full
-        traceback, else the error's line."""
-        line = f"{self.ename}: {self.evalue}".rstrip(": ")
-        if self.short is not None:
-            return f"{self.short.rstrip()}\n{line}".lstrip("\n")
-        return self.traceback.rstrip() or line
-
 
 class RemoteError(NbdistError, RuntimeError):
     """One or more engines raised while running a function or a cell.
@@ -85,12 +77,13 @@ class RemoteError(NbdistError, RuntimeError):
     Note [The cause first]: when replica 1 raises while replica 0 waits for it in a
     collective, replica 0 is released with an error of its own (a `WorkerLostError`, or
     gloo's "Connection closed by peer"). That error is a consequence (`secondary`), not the
-    cause: the message and the notebook show the replicas that raised first, with their own
-    frames only (`RemoteFailure.short`), and each released replica as one line ("replica 0:
-    released from all_reduce:SUM #3 because replica 1 failed"). Every frame and every chained
-    error, nbdist's, torch's and gloo's included, stays in `details` (`%dist traceback` in a
-    notebook prints it). The message (`str(error)`, what a script prints) shows the first
-    cause's whole traceback: below the user's line, the frames of an nbdist call it made.
+    cause. A notebook shows the replicas that raised first, with their own frames only
+    (`RemoteFailure.short`), and each released replica as one line ("replica 0: released
+    from all_reduce:SUM #3 because replica 1 failed"); every frame and every chained error,
+    nbdist's, torch's and gloo's included, stays in `details` (`%dist traceback` prints it).
+    The message (`str(error)`, what a script prints) names the causes first too, then the
+    first cause's whole traceback (below the user's line, the frames of an nbdist call it
+    made), then the released replicas' lines.
 
     Attributes:
         failures: `RemoteFailure` per failed replica, in replica order.
