@@ -138,7 +138,7 @@ class DistMagics(Magics):
     # -- %dist --------------------------------------------------------------------------
     @line_magic
     def dist(self, line: str = "") -> None:
-        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard."""
+        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard|traceback."""
         words = _split(line, "%dist")
         if not words:
             raise UsageError(f"%dist needs a command:\n{_DIST_USAGE}")
