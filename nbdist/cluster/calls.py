@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbdist.cluster import _wire
+from nbdist.cluster import _wire, cell_names
 from nbdist.cluster.engine_side import calls as engine_calls
 from nbdist.cluster.engine_side.guards import INTERRUPT_KEY
 from nbdist.cluster.engine_side.health import release_peers
@@ -331,6 +331,8 @@ class Supervisor:
             for reply in replies
         )
         if not (self.fault or self.released or failed_collective or died or still):
+            if all(reply_ok(reply) for reply in replies):
+                self.cluster.forget_repair()  # a later call succeeded: the repair is history
             return ""
         what = self.fault or (
             f"replica(s) {self.released} never arrived in a collective of {self.what}"
@@ -471,8 +473,10 @@ def failure_of(info: EngineInfo, reply: Any) -> RemoteFailure:
         pid=info.pid,
         ename=str(reply.get("ename", "Error")),
         evalue=str(reply.get("evalue", "")),
-        traceback=str(reply.get("traceback", "")),
+        traceback=cell_names.rename(str(reply.get("traceback", ""))),
         secondary=bool(reply.get("secondary", False)),
+        short=None if reply.get("short") is None else cell_names.rename(str(reply["short"])),
+        collective=str(reply.get("collective") or ""),
     )
 
 

@@ -247,8 +247,13 @@ class Cluster:
     @property
     def repaired(self) -> str | None:
         """What made nbdist form the process group again last (the engines kept their
-        variables), else None."""
+        variables), else None. Forgotten once a later call or cell succeeds."""
         return self._repaired
+
+    def forget_repair(self) -> None:
+        """A call or cell succeeded after the group was formed again: `repaired` is None (so
+        `%dist status` stops naming a fault that is over)."""
+        self._repaired = None
 
     @property
     def engines(self) -> tuple[EngineInfo, ...]:

@@ -23,6 +23,9 @@ __all__ = [
     "SerializationError",
 ]
 
+SEE_DETAILS = "All frames, nbdist's and torch's too: `%dist traceback` (or the error's .details)."
+"""The last line of a `RemoteError` in a notebook: how to see what it leaves out."""
+
 _REPLICA_TAG = re.compile(r"\[replica \d+ of \d+\] ")
 """The tag strategy.run puts before a replica's message; left out when grouping errors."""
 
@@ -38,9 +41,15 @@ class RemoteFailure:
         pid: The engine's process id.
         ename: The exception's type name, e.g. `"ValueError"`.
         evalue: The exception's message.
-        traceback: The formatted traceback, as the engine printed it.
+        traceback: The formatted traceback, as the engine printed it (every frame, every
+            chained exception).
         secondary: True when the failure is a consequence of another replica's (released from
             a collective, a peer that died or never arrived).
+        short: The user's frames of the traceback only (no frame of nbdist, torch or
+            ipyparallel, no chained library error), without the error's line: what a notebook
+            shows above it. `""`: no frame is the user's; None: not known (use `traceback`).
+        collective: For a secondary failure, the collective it was released from, e.g.
+            `"all_reduce:SUM #12"` or `"torch.distributed.all_reduce"` (empty when unknown).
     """
 
     replica: int
@@ -51,6 +60,8 @@ class RemoteFailure:
     evalue: str
     traceback: str
     secondary: bool = False
+    short: str | None = None
+    collective: str = ""
 
     def summary(self) -> str:
         """One line: `replica 1 (engine 1, host h, pid 123): ValueError: boom`."""
@@ -64,41 +75,58 @@ class RemoteFailure:
 class RemoteError(NbdistError, RuntimeError):
     """One or more engines raised while running a function or a cell.
 
-    The message lists every failed replica and shows the first traceback: the failure that is
-    not merely a consequence of another's (a replica released from a collective because a peer
-    failed is secondary), else the lowest replica's.
-
-    In a notebook (IPython's `_render_traceback_`) it shows only the remote tracebacks, one
-    per distinct error with the replicas that share it.
+    Note [The cause first]: when replica 1 raises while replica 0 waits for it in a
+    collective, replica 0 is released with an error of its own (a `WorkerLostError`, or
+    gloo's "Connection closed by peer"). That error is a consequence (`secondary`), not the
+    cause. A notebook shows the replicas that raised first, with their own frames only
+    (`RemoteFailure.short`), and each released replica as one line ("replica 0: released
+    from all_reduce:SUM #3 because replica 1 failed"); every frame and every chained error,
+    nbdist's, torch's and gloo's included, stays in `details` (`%dist traceback` prints it).
+    The message (`str(error)`, what a script prints) names the causes first too, then the
+    first cause's whole traceback (below the user's line, the frames of an nbdist call it
+    made), then the released replicas' lines.
 
     Attributes:
         failures: `RemoteFailure` per failed replica, in replica order.
-        replicas: The failed replica ids.
-        first: The failure whose traceback the message shows.
+        replicas: The failed replica ids (causes and consequences).
+        causes: The failures that are not merely consequences of another's (all of them
+            when every failure is a consequence).
+        consequences: The other failures (replicas released because a peer failed).
+        first: The first cause, whose traceback the message shows.
         num_replicas: How many replicas ran.
+        details: Every failed replica's full traceback, as its engine printed it.
+
+    Example:
+        >>> failure = RemoteFailure(1, 1, "h", 7, "ZeroDivisionError", "division by zero", "")
+        >>> RemoteError("a %%distribute cell", [failure], 2).headline
+        '1 of 2 replica(s) failed in a %%distribute cell: replica(s) [1] raised ZeroDivisionError.'
     """
 
     def __init__(self, what: str, failures: list[RemoteFailure], num_replicas: int, notes=()):
         ordered = sorted(failures, key=lambda f: f.replica)
         if not ordered:
             raise ValueError("RemoteError needs at least one failure.")
-        primary = [f for f in ordered if not f.secondary]
+        primary = [f for f in ordered if not f.secondary] or ordered
         self.failures: tuple[RemoteFailure, ...] = tuple(ordered)
         self.replicas: tuple[int, ...] = tuple(f.replica for f in ordered)
-        self.first: RemoteFailure = (primary or ordered)[0]
+        self.causes: tuple[RemoteFailure, ...] = tuple(primary)
+        self.consequences: tuple[RemoteFailure, ...] = tuple(f for f in ordered if f not in primary)
+        self.first: RemoteFailure = primary[0]
         self.num_replicas = num_replicas
         self.notes: tuple[str, ...] = tuple(notes)
+        names = sorted({f.ename for f in primary})
         self.headline = (
-            f"{len(ordered)} of {num_replicas} replica(s) failed in {what}: replica(s) "
-            f"{list(self.replicas)}."
+            f"{len(primary)} of {num_replicas} replica(s) failed in {what}: replica(s) "
+            f"{[f.replica for f in primary]} raised {', '.join(names)}."
         )
         lines = [
-            f"{len(ordered)} of {num_replicas} replica(s) failed in {what}: replica(s) "
-            f"{list(self.replicas)}.",
-            *(f"  {failure.summary()}" for failure in ordered),
-            *notes,
+            self.headline,
+            *(f"  {failure.summary()}" for failure in primary),
             f"Traceback of replica {self.first.replica} (engine {self.first.engine_id}):",
             self.first.traceback.rstrip() or f"{self.first.ename}: {self.first.evalue}",
+            *self._released_lines(),
+            *notes,
+            "Every replica's full traceback, nbdist's and torch's frames too: error.details.",
         ]
         super().__init__("\n".join(lines))
 
@@ -107,31 +135,71 @@ class RemoteError(NbdistError, RuntimeError):
         """The first failure's traceback text."""
         return self.first.traceback
 
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows in a notebook: the remote tracebacks only, one per distinct error
-        with the replicas that share it (`[replicas 0, 1] ZeroDivisionError: ...`), then the
-        notes; never the notebook-side frames of nbdist that raised this error."""
-        groups: dict[tuple[str, str, str], list[RemoteFailure]] = {}
+    @property
+    def details(self) -> str:
+        """Every failed replica's full traceback (all frames, chained errors), replica order."""
+        parts = []
         for failure in self.failures:
+            role = " (a consequence)" if failure in self.consequences else ""
+            parts.append(f"--- {failure.summary()}{role}")
+            parts.append(failure.traceback.rstrip() or f"{failure.ename}: {failure.evalue}")
+        return "\n".join(parts)
+
+    def _released_lines(self) -> list[str]:
+        """One line per consequence: `replica 0: released from X because replica 1 failed`."""
+        died = [f.replica for f in self.causes if f.ename == "EngineError"]
+        raised = [f.replica for f in self.causes if f.ename != "EngineError"]
+        because = " and ".join(
+            part
+            for part in (
+                _replicas(raised, "failed"),
+                _replicas(died, "died"),
+            )
+            if part
+        )
+        return [
+            f"replica {f.replica}: released from {f.collective or 'a collective'} because {because}"
+            for f in self.consequences
+        ]
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows in a notebook (Note [The cause first]): the headline, each
+        distinct cause once with the replicas that share it (`[replicas 0, 1]
+        ZeroDivisionError: ...`) and their own frames, one line per released replica, the
+        notes, and how to see everything; never a frame of nbdist, torch or ipyparallel."""
+        groups: dict[tuple[str, str, str | None, str], list[RemoteFailure]] = {}
+        for failure in self.causes:
             key = (
                 failure.ename,
                 _REPLICA_TAG.sub("", failure.evalue),
-                _REPLICA_TAG.sub("", failure.traceback.strip()),
+                None if failure.short is None else _REPLICA_TAG.sub("", failure.short.strip()),
+                "" if failure.short is not None else _REPLICA_TAG.sub("", failure.traceback),
             )
             groups.setdefault(key, []).append(failure)
         lines = [f"{type(self).__name__}: {self.headline}"]
-        for (ename, evalue, traceback), members in groups.items():
+        for (ename, evalue, short, traceback), members in groups.items():
             ids = ", ".join(str(f.replica) for f in members)
             label = "replica" if len(members) == 1 else "replicas"
-            first_line = evalue.strip().splitlines()[0] if evalue.strip() else ""
-            lines.append("")
-            lines.append(f"[{label} {ids}] {ename}: {first_line}".rstrip(": "))
-            if traceback:
-                lines.extend(traceback.splitlines())
-        if self.notes:
-            lines.append("")
-            lines.extend(self.notes)
+            error = f"[{label} {ids}] {ename}: {evalue.strip()}".rstrip(": ")
+            if short is not None:  # the user's frames, then the error once, as Python prints it
+                lines.extend(short.splitlines())
+                lines.extend(error.splitlines())
+                continue
+            lines.append(error.splitlines()[0])
+            if traceback.strip():
+                lines.extend(traceback.strip().splitlines())
+        lines.extend(self._released_lines())
+        lines.extend(self.notes)
+        lines.append(SEE_DETAILS)
         return lines
+
+
+def _replicas(ids: list[int], verb: str) -> str:
+    if not ids:
+        return ""
+    if len(ids) == 1:
+        return f"replica {ids[0]} {verb}"
+    return f"replicas {', '.join(map(str, ids))} {verb}"
 
 
 class RemoteNameError(NbdistError, NameError):

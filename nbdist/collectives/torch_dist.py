@@ -189,6 +189,12 @@ class DistGroup:
         was abandoned, else None."""
         return self._aborted if self.aborted is not None else None
 
+    @property
+    def entered(self) -> int:
+        """How many nbdist collectives this rank has entered in this group generation (the
+        one that failed included): `#12` in "released from all_reduce:SUM #12"."""
+        return self._entered
+
     def request_abort(self, reason: str, *, missing=(), secondary: bool = False) -> None:
         """Abandon the group on every rank: each shuts its connections down within a
         heartbeat, failing the collectives blocked on them with an error naming `reason`."""

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from nbdist.cluster import _wire
+from nbdist.cluster import _wire, cell_names
 from nbdist.cluster.calls import Supervisor, checked_replies, say_late_output, wait_for_outputs
 from nbdist.cluster.errors import EngineTimeoutError, SerializationError
 from nbdist.values import PerReplica
@@ -254,7 +254,7 @@ def distribute_cell(
     if output not in OUTPUT_MODES:
         raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}.")
     filename = f"<distribute-cell-{next(_counter)}>"
-    source = python_source(cell)
+    source = cell_names.numbered_like_the_editor(filename, cell, python_source(cell))
     compile(source, filename, "exec")  # raised once, here, not by every engine
     with cluster.turn("The cell", timeout) as deadline:  # Note [One call at a time]
         engines = list(cluster.engines)

@@ -14,6 +14,7 @@ import argparse
 import ast
 import math
 import shlex
+import sys
 import weakref
 from typing import Any
 
@@ -184,7 +185,7 @@ class DistMagics(Magics):
     # -- %dist --------------------------------------------------------------------------
     @line_magic
     def dist(self, line: str = "") -> None:
-        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard."""
+        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard|traceback."""
         words = _split(line, "%dist")
         if not words:
             raise UsageError(f"%dist needs a command:\n{_DIST_USAGE}")
@@ -196,6 +197,7 @@ class DistMagics(Magics):
             "restart": self._restart,
             "auto": self._auto,
             "dashboard": self._dashboard,
+            "traceback": self._traceback,
         }.get(command)
         if handler is None:
             raise UsageError(f"%dist: unknown command {command!r}. Use:\n{_DIST_USAGE}")
@@ -324,6 +326,20 @@ class DistMagics(Magics):
             self.board.close()  # one live dashboard per notebook: the new one replaces it
         self.board = dashboard(self.cluster)
         display(self.board)
+
+    def _traceback(self, words: list[str]) -> None:
+        """Print every replica's full traceback of the last `RemoteError` (Note [The cause
+        first] in `nbdist.cluster.errors`): the frames of nbdist, torch and gloo the notebook
+        leaves out."""
+        _no_arguments("traceback", words)
+        details = getattr(getattr(sys, "last_value", None), "details", None)
+        if not isinstance(details, str):
+            print(
+                "No engine error to show: `%dist traceback` prints every replica's full "
+                "traceback of the last cell that failed on the engines."
+            )
+            return
+        print(details)
 
     def _print_status(self) -> None:
         cluster = self.cluster

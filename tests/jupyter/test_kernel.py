@@ -207,8 +207,8 @@ def test_ctrl_c_on_a_cell_that_catches_it_names_the_line_and_the_cluster_waits(k
     assert error is not None and error["ename"] == "ClusterInterrupted"
     assert len(error["traceback"]) == 1
     shown = error["evalue"]
-    assert "Replica 1 caught the KeyboardInterrupt (raised at line 5 (time.sleep(600)))" in shown
-    assert "is still running line 10 (while time.monotonic() < end:)" in shown
+    assert "Replica 1 caught the KeyboardInterrupt (raised at line 6 (time.sleep(600)))" in shown
+    assert "is still running line 11 (while time.monotonic() < end:)" in shown
     assert "blocked outside Python" not in shown and "unusable" not in shown
     # A cell meanwhile waits its turn (calls take turns); one whose timeout passes first is
     # refused by name, the cluster usable.
@@ -216,7 +216,7 @@ def test_ctrl_c_on_a_cell_that_catches_it_names_the_line_and_the_cluster_waits(k
     assert error is not None and error["ename"] == "BusyError", error
     assert "The cluster is usable" in error["evalue"]
     assert "Replica 1 caught the KeyboardInterrupt" in error["evalue"]
-    assert "still running line 10" in error["evalue"]
+    assert "still running line 11" in error["evalue"]
     waited, error = kernel.run(
         "from nbdist.magics import current_cluster\n"
         "import time as _time\n"

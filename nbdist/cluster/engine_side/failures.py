@@ -17,15 +17,70 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from typing import Any
 
 from nbdist.cluster import _wire
 from nbdist.cluster.engine_side import state
 
-__all__ = ["failure_reply", "where"]
+__all__ = ["failure_reply", "user_traceback", "where"]
+
+_RAW_CALL = re.compile(r"in torch\.distributed\.(\w+)")
+_NBDIST_COLLECTIVE = re.compile(r"^(?:\[replica \d+ of \d+\] )?(\S+) on rank \d+ of \d+ ")
 
 
 def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
+    """`_failure_reply`, plus what the notebook shows first (Note [The cause first] in
+    `nbdist.cluster.errors`): `short`, the user's frames of the traceback, and for a
+    replica released because a peer failed, `collective`, the call it was released from."""
+    reply = _failure_reply(error, stage)
+    reply["short"] = user_traceback(error)
+    if reply.get("secondary"):
+        reply["collective"] = _collective(reply)
+    return reply
+
+
+def user_traceback(error: BaseException) -> str:
+    """`error`'s traceback with the user's frames only, without its last line (the error and
+    its message, which the notebook prints after it with the replicas that raised it): no
+    frame of nbdist, torch, ipyparallel or IPython, no chained library error (gloo's
+    "Connection closed by peer ..." stays in the full traceback). Empty when no frame is the
+    user's.
+
+    Example (on an engine)::
+
+        user_traceback(error)
+        # 'Traceback (most recent call last):\n  File "<distribute-cell-1>", line 3, ...'
+    """
+    import traceback as traceback_module
+
+    frames = [
+        frame
+        for frame in traceback_module.extract_tb(error.__traceback__)
+        if _user_file(frame.filename)
+    ]
+    text = "".join(traceback_module.format_list(frames))
+    return f"Traceback (most recent call last):\n{text}" if text else ""
+
+
+def _user_file(filename: str) -> bool:
+    seps = (os.sep + "torch" + os.sep, os.sep + "IPython" + os.sep, os.sep + "ipykernel" + os.sep)
+    return not _wire.is_internal(filename) and not any(part in filename for part in seps)
+
+
+def _collective(reply: dict[str, Any]) -> str:
+    """The collective a released replica waited in: `all_reduce:SUM #12` (nbdist's, numbered
+    in this group), `torch.distributed.all_reduce` (the user's own call), or ``."""
+    named = _NBDIST_COLLECTIVE.match(str(reply.get("evalue") or ""))
+    if named:
+        group = state.group()
+        number = getattr(group, "entered", None) if group is not None else None
+        return f"{named.group(1)} #{number}" if number else named.group(1)
+    raw = _RAW_CALL.search(str(reply.get("where") or ""))
+    return f"torch.distributed.{raw.group(1)}" if raw else ""
+
+
+def _failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
     """`_wire.failure`, knowing one more consequence: a `torch.distributed` call the user made
     directly that failed because a peer that failed left the group (Note [Raw collectives] in
     `nbdist.collectives.torch_dist`) is secondary, and its message names that peer."""
