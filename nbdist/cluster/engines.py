@@ -42,7 +42,7 @@ from nbdist.cluster.startup import (
     wait_for_registration,
 )
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
-from nbdist.cluster.stop_log import launchers_of, quiet_stop_log, write_log
+from nbdist.cluster.stop_log import keep_crash_output, launchers_of, quiet_stop_log, write_log
 from nbdist.communication import CommunicationOptions
 from nbdist.errors import InvalidArgumentError, WorkerLostError
 from nbdist.values import PerReplica
@@ -404,6 +404,8 @@ class Cluster:
             self._progress(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
         self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
         private_dirs(self._ipp.profile_dir)  # connection files, keys and logs: owner only
+        self._ipp.log = _ipp_logger(self._ipp.cluster_id, settings.cluster_kwargs["log_level"])
+        keep_crash_output(self._ipp.log, self._ipp.profile_dir, self._ipp.cluster_id)
         threads = max(1, joining.cores() // plan.n)
         if not settings.engines_first:
             self._ipp.start_controller_sync()
@@ -641,3 +643,13 @@ def _register_atexit() -> None:
     if not _atexit_registered:
         atexit.register(_stop_all_at_exit)
         _atexit_registered = True
+
+
+def _ipp_logger(cluster_id: str, level: int) -> logging.Logger:
+    """The logger of one ipyparallel cluster and its launchers (its own, not the kernel's
+    application logger that ipyparallel picks inside Jupyter, so filters added to it touch
+    this cluster only). Its records go to the root logger's handlers: in a kernel, the cell.
+    """
+    logger = logging.getLogger(f"nbdist.cluster.ipyparallel.{cluster_id}")
+    logger.setLevel(level)
+    return logger
