@@ -75,3 +75,14 @@ def test_two_loops_give_two_bars_and_a_loop_left_early_stops_short(shell, capsys
     assert "epoch 0: 100%" in finals[0] and "5/5" in finals[0]
     assert "epoch 1: 100%" in finals[1] and "5/5" in finals[1]
     assert f"9/{TOTAL}" in finals[2] and "100%" not in finals[2], finals[2]
+
+
+def test_the_bar_follows_the_first_target_replica(shell, capsys):
+    capsys.readouterr()
+    shell.run_cell_magic(
+        "distribute",
+        "--targets 1",
+        f"for batch in nd.progress(range({TOTAL}), desc='training'):\n    pass\n",
+    )
+    frames = _frames(capsys.readouterr().err)
+    assert frames and f"{TOTAL}/{TOTAL}" in frames[-1], frames
