@@ -405,7 +405,9 @@ class Cluster:
         self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
         private_dirs(self._ipp.profile_dir)  # connection files, keys and logs: owner only
         self._ipp.log = _ipp_logger(self._ipp.cluster_id, settings.cluster_kwargs["log_level"])
-        keep_crash_output(self._ipp.log, self._ipp.profile_dir, self._ipp.cluster_id)
+        keep_crash_output(
+            self._ipp.log, self._ipp.profile_dir, self._ipp.cluster_id, self._exited_engine
+        )
         threads = max(1, joining.cores() // plan.n)
         if not settings.engines_first:
             self._ipp.start_controller_sync()
@@ -572,6 +574,20 @@ class Cluster:
         base = (self._group_prefix or "nbdist/0/").rstrip("/").rpartition("/")[0] or "nbdist"
         self._group_prefix = f"{base}/{generation}/"
         self._repaired = reason
+        return None
+
+    def _exited_engine(self, identifier: Any) -> str | None:
+        """"replica R's engine (pid P)" for the engine launcher `identifier` that has just
+        exited (ipyparallel marks it stopped before it logs the process's output), or None."""
+        ipp = self._ipp
+        for engine_set in list(getattr(ipp, "engines", {}).values()):
+            launcher = getattr(engine_set, "launchers", {}).get(identifier)
+            if launcher is None or getattr(launcher, "state", None) != "after":
+                continue
+            pid = getattr(launcher, "pid", None)
+            for info in self._engines:
+                if info.pid == pid:
+                    return f"replica {info.rank}'s engine (pid {pid})"
         return None
 
     # -- stopping -------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["keep_crash_output", "launchers_of", "log_path", "quiet_stop_log", "write_log"]
@@ -124,28 +124,39 @@ def quiet_stop_log(ipp_cluster: Any) -> Iterator[None]:
 class _CrashOutput(logging.Filter):
     """Moves ipyparallel's "Output for <process>" records of one cluster into its log file."""
 
-    def __init__(self, profile_dir: str, cluster_id: str) -> None:
+    def __init__(
+        self, profile_dir: str, cluster_id: str, name_of: Callable[[Any], str | None] | None
+    ) -> None:
         super().__init__()
         self.profile_dir = profile_dir
         self.cluster_id = cluster_id
+        self.name_of = name_of
+
+    def _name(self, identifier: Any) -> str:
+        name = None
+        if self.name_of is not None:
+            with contextlib.suppress(Exception):  # a name is a courtesy; the file is the point
+                name = self.name_of(identifier)
+        return name or _process_name(identifier)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg != _OUTPUT_FORMAT or not isinstance(record.args, tuple):
             return True
         if len(record.args) != 2:
             return True
-        name, output = record.args
+        identifier, output = record.args
+        name = self._name(identifier)
         path = log_path(self.profile_dir, self.cluster_id)
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
         with contextlib.suppress(OSError):
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             with os.fdopen(descriptor, "a") as file:
-                file.write(f"===== {_process_name(name)}, exited at {stamp} =====\n")
+                file.write(f"===== {name}, exited at {stamp} =====\n")
                 file.write(f"{str(output).rstrip()}\n")
         if record.levelno < logging.WARNING:  # a normal exit: kept, not announced
             return False
         record.msg = "[nbdist] %s exited unexpectedly; what its process printed is in %s"
-        record.args = (_process_name(name), path)
+        record.args = (name, path)
         return True
 
 
@@ -154,14 +165,21 @@ def _process_name(identifier: Any) -> str:
     return text if text.startswith(("ipcontroller", "controller")) else f"engine process {text}"
 
 
-def keep_crash_output(log: Any, profile_dir: str, cluster_id: str) -> None:
+def keep_crash_output(
+    log: Any,
+    profile_dir: str,
+    cluster_id: str,
+    name_of: Callable[[Any], str | None] | None = None,
+) -> None:
     """Send what a process of this cluster printed before it exited to the cluster's log file
     (`log_path`) instead of the notebook, which sees one line naming the file.
 
-    `log` is the ipyparallel cluster's own logger (its launchers log through it).
+    `log` is the ipyparallel cluster's own logger (its launchers log through it); `name_of`
+    names a process from its launcher's identifier (e.g. "replica 1's engine (pid 4242)"), or
+    returns None for the default ("engine process 1").
     """
     logger = getattr(log, "logger", log)
     if not isinstance(logger, logging.Logger):
         return
     if not any(isinstance(f, _CrashOutput) for f in logger.filters):
-        logger.addFilter(_CrashOutput(profile_dir, cluster_id))
+        logger.addFilter(_CrashOutput(profile_dir, cluster_id, name_of))

@@ -194,6 +194,7 @@ def test_a_killed_engine_leaves_its_log_in_a_file_not_in_the_cell(kernel):
     assert "Output for" not in shown, shown
     named = re.search(r"exited unexpectedly; what its process printed is in (\S+\.log)", shown)
     assert named, shown
+    assert f"[nbdist] replica 1's engine (pid {victim}) exited unexpectedly" in shown, shown
     with open(named.group(1)) as file:
         kept = file.read()
     assert "exited at" in kept and len(kept.splitlines()) > 3, kept
