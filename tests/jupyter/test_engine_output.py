@@ -52,6 +52,7 @@ class Kernel:
         self.client.start_channels()
         self.client.wait_for_ready(timeout=CELL_TIMEOUT_S)
         self.models: dict = {}  # every widget model the kernel opened, by comm id
+        self.all_streams = ""  # every stream text, whichever cell it is attached to
 
     def run(self, code: str, timeout: float = CELL_TIMEOUT_S) -> Cell:
         msg_id = self.client.execute(code)
@@ -65,6 +66,8 @@ class Kernel:
             except queue.Empty:
                 continue
             kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":  # also output attached to an earlier cell, shown under it
+                self.all_streams += content["text"]
             if kind == "comm_open":
                 self.models[content["comm_id"]] = dict(content["data"].get("state", {}))
             elif kind == "comm_msg" and content["data"].get("method") == "update":
@@ -144,6 +147,8 @@ def test_progress_is_one_live_widget_reaching_100_percent(kernel, output):
         "import time\n"
         f"for batch in nd.progress(range({TOTAL}), desc='training'):\n"
         f"    time.sleep({STEP_S})\n"
+        "    if batch == 20:\n"
+        "        print('half way')\n"
         "print('trained')\n"
     )
     assert cell.error is None, cell.error
@@ -162,6 +167,7 @@ def test_progress_is_one_live_widget_reaching_100_percent(kernel, output):
     assert "%|" not in cell.streams and "it/s" not in cell.streams, cell.streams
     if output == "all":
         assert "[0] trained" in cell.streams and "[1] trained" in cell.streams
+        assert "[0] half way" in cell.streams and "[1] half way" in cell.streams
     else:
         assert cell.streams == ""
 
@@ -185,11 +191,14 @@ def test_a_killed_engine_leaves_its_log_in_a_file_not_in_the_cell(kernel):
         "print([row.state for row in current_cluster().status()])\n"
     )
     assert "dead" in cell.streams, cell.streams
-    # ipyparallel reports the exit from the kernel's event loop: in this cell or a later one
+    # ipyparallel reports the exit from the kernel's event loop: in this cell, a later one, or
+    # between cells (then under the cell that ran last)
+    kernel.all_streams = ""
     shown = cell.streams
     deadline = time.monotonic() + 30
     while "exited unexpectedly" not in shown and time.monotonic() < deadline:
-        shown += kernel.run("import time\ntime.sleep(0.5)").streams
+        kernel.run("import time\ntime.sleep(0.5)")
+        shown = cell.streams + kernel.all_streams
     assert "Handling apply_request" not in shown and "[Engine." not in shown, shown
     assert "Output for" not in shown, shown
     named = re.search(r"exited unexpectedly; what its process printed is in (\S+\.log)", shown)

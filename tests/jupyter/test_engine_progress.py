@@ -20,6 +20,8 @@ LOOP = (
     "import time\n"
     f"for batch in nd.progress(range({TOTAL}), desc='training'):\n"
     "    time.sleep(0.1)\n"
+    "    if batch == 20:\n"
+    "        print('half way on replica', rank)\n"
     "print('trained on replica', rank)\n"
 )
 
@@ -54,6 +56,8 @@ def test_one_text_bar_for_the_cell_reaching_100_percent(shell, capsys, output):
     assert any(0 < c < TOTAL for c in counts), f"never redrawn while running: {frames}"
     printed = {r for r in (0, 1) if f"[{r}] trained on replica {r}" in captured.out}
     assert printed == {"all": {0, 1}, "first": {0}, "none": set()}[output], captured.out
+    halfway = {r for r in (0, 1) if f"[{r}] half way on replica {r}\n" in captured.out}
+    assert halfway == printed, captured.out  # whole lines, also while the bar is drawn
 
 
 def test_two_loops_give_two_bars_and_a_loop_left_early_stops_short(shell, capsys):
