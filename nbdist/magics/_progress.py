@@ -32,6 +32,7 @@ class CellBars:
         self.part = part
         self.bars: dict[int, Any] = {}
         self.done: set[int] = set()
+        self.broken = False
 
     def _states(self) -> dict[int, dict[str, Any]]:
         try:
@@ -44,7 +45,19 @@ class CellBars:
         return dict(states) if states else {}
 
     def poll(self) -> None:
-        """Draw the newest state of every bar of the cell (new bars open in order)."""
+        """Draw the newest state of every bar of the cell (new bars open in order).
+
+        A bar that cannot be drawn (a front end without widgets, a closed stream) stops the
+        drawing for the rest of the cell; it never fails the cell.
+        """
+        if self.broken:
+            return
+        try:
+            self._draw_all()
+        except Exception:
+            self.broken = True
+
+    def _draw_all(self) -> None:
         for bar_id, state in sorted(self._states().items()):
             if bar_id in self.done:
                 continue
