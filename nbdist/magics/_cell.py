@@ -142,13 +142,11 @@ class _Streams:
     """Prints what each engine printed, line by line, prefixed by its replica id, and
     republishes what it displayed (plots, HTML) as it arrives."""
 
-    def __init__(
-        self, engines: Sequence[EngineInfo], parts: list[Any], mode: str, bars: CellBars
-    ):
+    def __init__(self, engines: Sequence[EngineInfo], parts: list[Any], mode: str):
         self.engines = list(engines)
         self.parts = parts
         self.mode = mode
-        self.bars = bars
+        self.bars = CellBars(parts[0])  # nd.progress: the first target's bars, in every mode
         self.seen: dict[tuple[int, str], int] = {}
         self.pending: dict[tuple[int, str], str] = {}
         self.displayed: dict[int, int] = {}
@@ -258,7 +256,7 @@ def distribute_cell(
     chosen = {info.rank for info in engines}
     others = [info for info in cluster.engines if info.rank not in chosen]
     supervisor = Supervisor(cluster, engines, parts, _WHAT, bystanders=others)
-    streams = _Streams(engines, parts, output, CellBars(parts[0]))
+    streams = _Streams(engines, parts, output)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
