@@ -145,7 +145,7 @@ class MetricLog:
 
 
 _LOG = MetricLog()
-_home = {"replica": 0, "engine": False}
+_home: dict[str, Any] = {"replica": 0, "engine": False, "bar": None}
 
 
 def metric_log() -> MetricLog:
@@ -153,10 +153,13 @@ def metric_log() -> MetricLog:
     return _LOG
 
 
-def set_home_replica(replica: int, *, engine: bool = False) -> None:
-    """Set the replica that `nd.log` outside any replica context logs for (engines: rank)."""
+def set_home_replica(replica: int, *, engine: bool = False, bar: Any = None) -> None:
+    """Set the replica that `nd.log` outside any replica context logs for (engines: rank),
+    and on engines the tqdm class `nd.progress` uses (one that sends its state to the
+    notebook: `nbdist.cluster.engine_side.progress.EngineBar`)."""
     _home["replica"] = int(replica)
     _home["engine"] = engine
+    _home["bar"] = bar
 
 
 def _current_replica() -> int:
@@ -210,16 +213,21 @@ def log(step: int | None = None, **scalars: Any) -> None:
 
 
 def progress(iterable: Iterable, **tqdm_kwargs: Any) -> Iterable:
-    """Iterate with one tqdm bar, shown by replica 0 only (others iterate silently).
+    """Iterate with one tqdm bar, driven by replica 0 (other replicas' iterations are not
+    counted).
 
-    On engines the bar is text (streamed to the notebook from engine 0); in a notebook it is
-    tqdm's widget; in a script, text.
+    In a notebook it is tqdm's widget; in a script or terminal, text on stderr. In a
+    `%%distribute` cell every engine sends its bar's state to the notebook (no text on the
+    engines' stderr), and the notebook draws the first target replica's bar: a widget in
+    JupyterLab, a text bar in a terminal, also with `--output first` or `none`.
 
     Example:
         >>> import nbdist as nd
         >>> sum(nd.progress(range(3), disable=True))
         3
     """
+    if _home["engine"] and _home["bar"] is not None:
+        return _home["bar"](iterable, **tqdm_kwargs)
     if _current_replica() != 0:
         tqdm_kwargs["disable"] = True
     if _home["engine"]:

@@ -50,7 +50,7 @@ from nbdist.cluster.startup import (
     wait_for_registration,
 )
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
-from nbdist.cluster.stop_log import launchers_of, quiet_stop_log, write_log
+from nbdist.cluster.stop_log import keep_crash_output, launchers_of, quiet_stop_log, write_log
 from nbdist.communication import CommunicationOptions
 from nbdist.errors import BusyError, InvalidArgumentError, WorkerLostError
 from nbdist.values import PerReplica
@@ -446,6 +446,10 @@ class Cluster:
             self._progress(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
         self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
         private_dirs(self._ipp.profile_dir)  # connection files, keys and logs: owner only
+        self._ipp.log = _ipp_logger(self._ipp.cluster_id, settings.cluster_kwargs["log_level"])
+        keep_crash_output(
+            self._ipp.log, self._ipp.profile_dir, self._ipp.cluster_id, self._exited_engine
+        )
         threads = max(1, joining.cores() // plan.n)
         if not settings.engines_first:
             self._ipp.start_controller_sync()
@@ -710,6 +714,20 @@ class Cluster:
         self._repaired = reason
         return None
 
+    def _exited_engine(self, identifier: Any) -> str | None:
+        """"replica R's engine (pid P)" for the engine launcher `identifier` that has just
+        exited (ipyparallel marks it stopped before it logs the process's output), or None."""
+        ipp = self._ipp
+        for engine_set in list(getattr(ipp, "engines", {}).values()):
+            launcher = getattr(engine_set, "launchers", {}).get(identifier)
+            if launcher is None or getattr(launcher, "state", None) != "after":
+                continue
+            pid = getattr(launcher, "pid", None)
+            for info in self._engines:
+                if info.pid == pid:
+                    return f"replica {info.rank}'s engine (pid {pid})"
+        return None
+
     # -- stopping -------------------------------------------------------------------------
     def _teardown(self) -> None:
         self._record_processes()
@@ -809,3 +827,13 @@ def _register_atexit() -> None:
     if not _atexit_registered:
         atexit.register(_stop_all_at_exit)
         _atexit_registered = True
+
+
+def _ipp_logger(cluster_id: str, level: int) -> logging.Logger:
+    """The logger of one ipyparallel cluster and its launchers (its own, not the kernel's
+    application logger that ipyparallel picks inside Jupyter, so filters added to it touch
+    this cluster only). Its records go to the root logger's handlers: in a kernel, the cell.
+    """
+    logger = logging.getLogger(f"nbdist.cluster.ipyparallel.{cluster_id}")
+    logger.setLevel(level)
+    return logger

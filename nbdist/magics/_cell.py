@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from nbdist.cluster import _wire, cell_names
 from nbdist.cluster.calls import Supervisor, checked_replies, say_late_output, wait_for_outputs
+from nbdist.cluster.engine_side.progress import reset_bars
 from nbdist.cluster.errors import EngineTimeoutError, SerializationError
+from nbdist.magics._progress import CellBars
 from nbdist.values import PerReplica
 
 if TYPE_CHECKING:
@@ -59,6 +61,7 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
             raise RuntimeError("%%distribute cells run on ipyparallel engines (IPython kernels).")
         namespace = shell.user_ns
         _mark_cell_start(filename)
+        reset_bars()
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         tree = ast.parse(code, filename)
         last = None
@@ -166,11 +169,17 @@ class _Streams:
         self.engines = list(engines)
         self.parts = parts
         self.mode = mode
+        self.bars = CellBars(parts[0])  # nd.progress: the first target's bars, in every mode
         self.seen: dict[tuple[int, str], int] = {}
         self.pending: dict[tuple[int, str], str] = {}
         self.displayed: dict[int, int] = {}
 
     def poll(self, final: bool = False) -> None:
+        self._poll_streams(final)
+        if not final:
+            self.bars.poll()
+
+    def _poll_streams(self, final: bool) -> None:
         if self.mode == "none":
             return
         for index, (info, part) in enumerate(zip(self.engines, self.parts)):
@@ -188,10 +197,11 @@ class _Streams:
                     rest = ""
                 self.pending[key] = rest
                 stream: TextIO = sys.stdout if name == "stdout" else sys.stderr
-                for line in lines:
-                    print(f"[{info.rank}] {line}", file=stream)
                 if lines:
-                    stream.flush()
+                    with self.bars.writing(stream):
+                        for line in lines:
+                            print(f"[{info.rank}] {line}", file=stream)
+                        stream.flush()
             self._republish(info.rank, part)
 
     def _republish(self, rank: int, part: Any) -> None:
@@ -366,10 +376,11 @@ def check_replicas(cluster: Cluster, ranks: list[int], replies: list[dict[str, A
 
 def _finish_output(parts: list[Any], streams: _Streams) -> None:
     """Print the rest of what the engines printed, once it is here (Note [Output after the
-    reply] in `nbdist.cluster.calls`)."""
-    if streams.mode == "none":
-        return
-    shown = 1 if streams.mode == "first" else len(parts)
+    reply] in `nbdist.cluster.calls`), and draw the progress bars' last states."""
+    # the first target's bars are drawn in every mode: their last state comes with its output
+    shown = len(parts) if streams.mode == "all" else 1
     late = wait_for_outputs(parts[:shown], streams.engines[:shown])
     streams.poll(final=True)
-    say_late_output(late)
+    streams.bars.finish()
+    if streams.mode != "none":
+        say_late_output(late)

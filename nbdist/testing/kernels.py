@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "find_cell",
     "run_cells",
     "run_notebook",
+    "stream_warts",
 ]
 
 CELL_TIMEOUT_S = 180
@@ -74,6 +76,38 @@ def cell_text(cell: Any) -> str:
         elif kind == "error":
             parts.append(f"{output.get('ename')}: {output.get('evalue')}\n")
     return "".join(parts)
+
+
+_WARNING = re.compile(r"\b[A-Z]\w*Warning\b|\bwarnings\.warn\(")
+_HTML_TAG = re.compile(
+    r"</?(span|div|table|thead|tbody|tr|td|th|b|i|u|p|br|hr|pre|code|style|script|a|img|ul|ol"
+    r"|li|h[1-6]|em|strong|small|sup|sub|svg|button|label|input)(\s[^<>]*)?/?>",
+    re.IGNORECASE,
+)
+
+
+def stream_warts(notebook: Any) -> list[str]:
+    """Lines of a notebook's stream outputs that a reader should never see: a Python warning
+    (`UserWarning: ...`, `warnings.warn(`) or HTML-looking text (`<span ...>`, `</table>`), each
+    as `cell N: line`.
+
+    Example:
+        >>> import nbformat
+        >>> cell = nbformat.v4.new_code_cell("x")
+        >>> cell.outputs = [nbformat.v4.new_output("stream", name="stderr",
+        ...                 text="ok\\n/x.py:3: UserWarning: careful\\n<b>42</b> items\\n")]
+        >>> stream_warts(nbformat.v4.new_notebook(cells=[cell]))
+        ['cell 0: /x.py:3: UserWarning: careful', 'cell 0: <b>42</b> items']
+    """
+    found = []
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") != "stream":
+                continue
+            for line in output.get("text", "").splitlines():
+                if _WARNING.search(line) or _HTML_TAG.search(line):
+                    found.append(f"cell {index}: {line.strip()}")
+    return found
 
 
 def find_cell(notebook: Any, marker: str) -> Any:

@@ -14,6 +14,7 @@ import collections
 import html
 import io
 import operator
+import re
 import time
 from typing import Any
 
@@ -432,3 +433,27 @@ class ReductionsView:
         self.stuck = stuck_note
         self.caption.value = stuck_note + self._summary
         return True
+
+    @property
+    def summary(self) -> str:
+        """The caption as plain text, for `print` (the caption itself is HTML for the widget).
+
+        Example (a view that has not been refreshed yet):
+            >>> ReductionsView().summary
+            '0 collectives · straggler: none'
+        """
+        late = f"replica {self.straggler}" if self.straggler is not None else "none"
+        folded = sum(t["folded"] for t in self.totals.values())
+        lines = [
+            f"{self.count} collectives"
+            + (f" (+{folded} older, folded into the totals)" if folded else "")
+            + f" · straggler: {late}"
+        ]
+        for op, t in sorted(self.totals.items()):
+            mean_ms = t["seconds"] / t["count"] * 1e3 if t["count"] else 0.0
+            lines.append(
+                f"  {op}: {t['count']} calls, {t['nbytes']} bytes, mean {mean_ms:.3f} ms"
+            )
+        if self.stuck:
+            lines.insert(0, re.sub(r"<[^>]+>", "", self.stuck.replace("</div>", "\n")).strip())
+        return "\n".join(lines)

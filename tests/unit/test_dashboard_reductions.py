@@ -62,6 +62,11 @@ def test_a_10k_record_redraw_accounts_for_every_record():
         assert sum(t["count"] for t in view.totals.values()) == 12_345
         assert sum(t["folded"] for t in view.totals.values()) == 2_345
         assert "+2345 older" in view.caption.value
+        # printed, the caption is plain text (no HTML tags), with the same numbers
+        lines = view.summary.splitlines()
+        assert "<" not in view.summary and ">" not in view.summary, view.summary
+        assert lines[0].startswith("10000 collectives (+2345 older, folded into the totals)")
+        assert any(line.strip().startswith("all_gather: ") for line in lines[1:]), lines
     finally:
         board.close()
 

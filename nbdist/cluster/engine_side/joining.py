@@ -93,9 +93,10 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
         TorchrunClusterResolver(environ=env), communication_options=options
     )
     state.set_strategy(strategy, int(config["rank"]))
+    from nbdist.cluster.engine_side.progress import EngineBar
     from nbdist.metrics import set_home_replica
 
-    set_home_replica(int(config["rank"]), engine=True)
+    set_home_replica(int(config["rank"]), engine=True, bar=EngineBar)
     from nbdist.cluster.engine_side.publisher import start_publisher
 
     start_publisher()
