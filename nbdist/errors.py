@@ -186,7 +186,7 @@ class ParameterInRunError(ContextError):
 class ReplicasDivergedError(NbdistError, RuntimeError):
     """The replicas' copies of parameters created in `strategy.scope()` are no longer
     identical (found by the replica check: at the end of a `%%distribute` cell and every
-    `strategy.extended.replica_check_every` optimizer steps). The message names the parameters
+    `strategy.replica_check_every` optimizer steps). The message names the parameters
     and the usual causes; bring the replicas back together by restoring a checkpoint on every
     replica."""
 

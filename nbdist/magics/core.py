@@ -166,7 +166,7 @@ _DIST_USAGE = (
     "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
     "[--ps N] [--variable-partitioner fixed:K|min_size:B|max_size:B|NAME] [--timeout S] "
     "[--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
-    "%dist status | stop | restart | auto on|off | dashboard"
+    "%dist status | stop | restart | auto on|off | dashboard | traceback"
 )
 
 
