@@ -3,9 +3,9 @@
 A ps task serves its variables (`ps_task.PSTask` on the task's address); a worker task listens
 on its address for the chief's coordinator and runs the functions it sends
 (`worker_task.WorkerState.run_closure`), one at a time, with state of its own: several
-worker servers in one process are as separate as worker processes. The chief's connection is authenticated with a
-shared key (`NBDIST_PS_AUTHKEY`; set the same value on every task when the cluster spans
-machines).
+worker servers in one process are as separate as worker processes. The chief's connection
+is authenticated with a shared key (`NBDIST_PS_AUTHKEY`; set the same value on every task
+when the cluster spans machines).
 
 Example (a ps task's script; blocks, so not run here)::
 

@@ -38,6 +38,7 @@ from nbdist.strategies.parameter_server.transport import PSClient
 
 __all__ = ["WorkerState", "WorkerStrategy", "make_dataset", "run_closure", "worker_info"]
 
+
 class WorkerStrategy:
     """The strategy as a scheduled function sees it on a worker: one replica, this worker.
 
@@ -260,6 +261,7 @@ def run_closure(payload: bytes) -> dict[str, Any]:
 
 def _tensor_of(obj: Any) -> torch.Tensor:
     return obj.data if isinstance(obj, torch.Tensor) else obj._tensor
+
 
 def _detached(value: Any) -> Any:
     from nbdist._private_api import pytree
