@@ -120,9 +120,10 @@ class Workers:
         Why: a checkpoint holds one position per iterator (Note [Checkpoint file]); saved
         while worker 1 is a batch behind worker 0, worker 1 would skip its share of that batch
         after a restore. Every worker must call it (one small all-gather of the positions).
-        `positions`: `{name: (batches, examples or None)}` of this worker's iterators.
+        `positions`: `{name: (batches, examples or None)}` of this worker's iterators; none
+        (a save without iterators, the same on every worker): nothing to compare, no gather.
         """
-        if self.count <= 1:
+        if self.count <= 1 or not positions:
             return
         names = sorted(positions)[:_POSITIONS]
         row = torch.full((1, 2 * _POSITIONS), -2, dtype=torch.int64)
@@ -137,8 +138,10 @@ class Workers:
             who = f"worker(s) {missing}" if missing else "another worker"
             raise CheckpointError(
                 f"{what} on worker {self.index} of {self.count} failed: {who} did not take "
-                f"part. Call nd.checkpoint.save on every worker, with the same objects. "
-                f"({type(lost).__name__}: {lost})"
+                f"part. Call nd.checkpoint.save and restore on every worker with the same "
+                f"objects, not only where strategy.extended.should_checkpoint is True: one "
+                f"worker writes, the others wait until the file is complete. Nothing was "
+                f"written. ({type(lost).__name__}: {lost})"
             ) from lost
         message = position_disagreement(names, rows.tolist())
         if message is not None:

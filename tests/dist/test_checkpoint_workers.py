@@ -309,13 +309,10 @@ def test_a_save_with_workers_at_different_iterator_positions_is_refused_on_both(
         error = out["save"]
         assert error.get("type") == "CheckpointError", error
         assert "NbdistError" in error["bases"]
-        assert "'iterator' is at different positions on the workers" in error["message"]
-        assert "worker 0: 2 batches (8 examples), worker 1: 1 batches (4 examples)" in (
-            error["message"]
-        )
-        assert "worker(s) [1] would skip" in error["message"]
-        assert "Save at a step boundary where every worker has taken the same number" in (
-            error["message"]
-        )
+        message = error["message"]
+        assert "'iterator' is at different positions on the workers" in message
+        assert "worker 0: 2 batches (8 examples), worker 1: 1 batches (4 examples)" in message
+        assert "worker(s) [1] would skip" in message
+        assert "Save at a step boundary where every worker has taken the same number" in message
         assert not out["written"]
         assert out["saved_batches"] == 2
