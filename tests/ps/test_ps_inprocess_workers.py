@@ -98,3 +98,46 @@ def test_a_script_with_a_ps_task_that_raises_exits_non_zero():
         """
     )
     assert exited.returncode == 3, exited.stderr[-3000:]
+
+
+_PS_WITH_REMOTE_CLIENT = """
+import subprocess, sys, time
+import torch
+from nbdist.strategies.parameter_server.ps_task import PSTask
+
+task = PSTask("127.0.0.1", 0).start()
+# A client in another process keeps its session open (its thread waits in a gloo receive)
+# and leaves when this process has gone.
+client = subprocess.Popen([sys.executable, "-c", f'''
+import os, time, torch
+from nbdist.strategies.parameter_server.transport import PSClient
+parent = os.getppid()
+client = PSClient(0, "127.0.0.1:{task.port}", 60)  # kept: its session stays open
+client.create({{1: torch.zeros(3)}})
+print("connected", flush=True)
+deadline = time.monotonic() + 60
+while os.getppid() == parent and time.monotonic() < deadline:
+    time.sleep(0.05)
+'''], stdout=subprocess.PIPE, text=True)
+assert client.stdout.readline().strip() == "connected"
+deadline = time.monotonic() + 30
+while not task._live and time.monotonic() < deadline:
+    time.sleep(0.01)
+assert task._live, "the client's session never started"
+END
+"""
+
+
+@pytest.mark.parametrize(
+    "end, status",
+    [("pass", 0), ("sys.exit(3)", 3), ("raise RuntimeError('the script failed')", 1)],
+)
+def test_a_ps_task_with_another_process_connected_keeps_the_scripts_status(end, status):
+    # The case the old os._exit(0) hook was written for: Python finalises while a session
+    # thread of a client in another process waits in gloo; the status is the script's own.
+    script = _PS_WITH_REMOTE_CLIENT.replace("END", end)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == status, done.stderr[-3000:]
+    assert "terminate called" not in done.stderr
