@@ -2,10 +2,9 @@
 
 A ps task serves its variables (`ps_task.PSTask` on the task's address); a worker task listens
 on its address for the chief's coordinator and runs the functions it sends
-(`worker_task.WorkerState.run_closure`), one at a time, with state of its own: several
-worker servers in one process are as separate as worker processes. The chief's connection
-is authenticated with a shared key (`NBDIST_PS_AUTHKEY`; set the same value on every task
-when the cluster spans machines).
+(`worker_task.run_closure`), one at a time. The chief's connection is authenticated with a
+shared key (`NBDIST_PS_AUTHKEY`; set the same value on every task when the cluster spans
+machines).
 
 Example (a ps task's script; blocks, so not run here)::
 
@@ -32,7 +31,11 @@ from nbdist.strategies.parameter_server.transport import split_address
 __all__ = ["Server"]
 
 _JOBS = ("ps", "worker")
-_ENTRIES = ("run_closure", "make_dataset", "worker_info")
+_ENTRIES = {
+    "run_closure": worker_task.run_closure,
+    "make_dataset": worker_task.make_dataset,
+    "worker_info": worker_task.worker_info,
+}
 
 
 class Server:
@@ -87,7 +90,6 @@ class Server:
         self.task_index = index
         self.address = str(tasks[index])
         self._ps: PSTask | None = None
-        self._worker: worker_task.WorkerState | None = None
         self._listener: Any = None
         self._stopped = threading.Event()
         self._started = False
@@ -107,7 +109,6 @@ class Server:
         if self.job_name == "ps":
             self._ps = PSTask(host, port).start()
         else:
-            self._worker = worker_task.WorkerState()
             self._listener = Listener((host, port), authkey=authkey())
             threading.Thread(target=self._accept, daemon=True, name="nbdist-worker").start()
         self._started = True
@@ -143,7 +144,7 @@ class Server:
                     entry, args = pickle.loads(conn.recv_bytes())
                 except (OSError, EOFError):
                     return
-                handler = getattr(self._worker, entry) if entry in _ENTRIES else None
+                handler = _ENTRIES.get(entry)
                 reply = handler(*args) if handler else {"error": ValueError(entry)}
                 try:
                     conn.send_bytes(_dumps(reply))
