@@ -18,6 +18,7 @@ from nbdist.checkpoint.fileformat import load, payload, write_atomic
 from nbdist.checkpoint.objects import apply, capture, check
 from nbdist.checkpoint.workers import Workers
 from nbdist.errors import CheckpointError, CheckpointMismatchError, CheckpointTypeError
+from nbdist.input import DistributedIterator
 
 __all__ = ["read", "restore", "save"]
 
@@ -100,6 +101,7 @@ def save_objects(
     workers = Workers.for_objects(objects)
     error: BaseException | None = None
     try:
+        workers.check_positions(_positions(objects), f"Saving checkpoint {where!r}")
         entries = {name: capture(name, obj) for name, obj in objects.items()}
         if workers.is_writer:
             replicas = getattr(workers.strategy, "num_replicas_in_sync", 1)
@@ -233,6 +235,15 @@ def _path(path: Any, verb: str) -> str:
             f"'checkpoints/step-100.pt', model=model)."
         )
     return os.fspath(path)
+
+
+def _positions(objects: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
+    """`{name: (batches, examples)}` of the distributed iterators among `objects`."""
+    return {
+        name: (obj._position.batches, obj._position.examples)
+        for name, obj in objects.items()
+        if isinstance(obj, DistributedIterator) and obj._position is not None
+    }
 
 
 def _in_replica_threads() -> bool:

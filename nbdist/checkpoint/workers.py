@@ -29,9 +29,10 @@ from nbdist.errors import CheckpointError
 from nbdist.strategies.multi_worker import live_multi_worker_strategy
 from nbdist.variables import DistributedVariable
 
-__all__ = ["Workers"]
+__all__ = ["Workers", "position_disagreement"]
 
 _ROW = 2048  # bytes per worker's outcome: the error's class name and message
+_POSITIONS = 32  # distributed iterators per save whose positions are compared across workers
 
 
 class Workers:
@@ -111,3 +112,69 @@ class Workers:
             kind = CheckpointError
         others = "" if len(failed) == 1 else f" (and on worker(s) {failed[1:]})"
         raise kind(f"{what} failed on worker {first}{others}: {message}")
+
+    def check_positions(self, positions: dict[str, tuple[int, int | None]], what: str) -> None:
+        """Raise `CheckpointError` on every worker when a distributed iterator of this save
+        has given different numbers of batches on different workers.
+
+        Why: a checkpoint holds one position per iterator (Note [Checkpoint file]); saved
+        while worker 1 is a batch behind worker 0, worker 1 would skip its share of that batch
+        after a restore. Every worker must call it (one small all-gather of the positions).
+        `positions`: `{name: (batches, examples or None)}` of this worker's iterators; none
+        (a save without iterators, the same on every worker): nothing to compare, no gather.
+        """
+        if self.count <= 1 or not positions:
+            return
+        names = sorted(positions)[:_POSITIONS]
+        row = torch.full((1, 2 * _POSITIONS), -2, dtype=torch.int64)
+        for slot, name in enumerate(names):
+            batches, examples = positions[name]
+            row[0, 2 * slot] = batches
+            row[0, 2 * slot + 1] = -1 if examples is None else examples
+        try:
+            rows = self.strategy.extended.gather_across_workers(row, 0)
+        except errors.NbdistError as lost:
+            missing = list(getattr(lost, "missing", ()))
+            who = f"worker(s) {missing}" if missing else "another worker"
+            raise CheckpointError(
+                f"{what} on worker {self.index} of {self.count} failed: {who} did not take "
+                f"part. Call nd.checkpoint.save and restore on every worker with the same "
+                f"objects, not only where strategy.extended.should_checkpoint is True: one "
+                f"worker writes, the others wait until the file is complete. Nothing was "
+                f"written. ({type(lost).__name__}: {lost})"
+            ) from lost
+        message = position_disagreement(names, rows.tolist())
+        if message is not None:
+            raise CheckpointError(f"{what} was refused: {message}")
+
+
+def position_disagreement(names: list[str], rows: list[list[int]]) -> str | None:
+    """What is wrong when the workers' iterator positions differ, else None.
+
+    `rows[w]` is worker `w`'s row of `check_positions`: per iterator (in the order of
+    `names`), the batches it has given and the examples in them (-1: unknown).
+
+    Example:
+        >>> print(position_disagreement(["it"], [[3, 24], [3, 24]]))
+        None
+        >>> position_disagreement(["it"], [[3, 24], [2, 16]])[:59]
+        "the distributed iterator 'it' is at different positions on "
+    """
+    for slot, name in enumerate(names):
+        taken = [row[2 * slot] for row in rows]
+        if len(set(taken)) <= 1:
+            continue
+        where = ", ".join(
+            f"worker {w}: {row[2 * slot]} batches"
+            + (f" ({row[2 * slot + 1]} examples)" if row[2 * slot + 1] >= 0 else "")
+            for w, row in enumerate(rows)
+        )
+        behind = [w for w, batches in enumerate(taken) if batches < max(taken)]
+        return (
+            f"the distributed iterator {name!r} is at different positions on the workers "
+            f"({where}). A checkpoint holds one position, so after a restore worker(s) "
+            f"{behind} would skip their share of the batches they have not taken. Save at a "
+            f"step boundary where every worker has taken the same number of batches from "
+            f"{name!r} (call next() on it the same number of times on every worker)."
+        )
+    return None

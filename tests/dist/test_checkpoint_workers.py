@@ -341,3 +341,54 @@ def test_the_example_script_resumes_on_three_workers(tmp_path):
     expected = float(_LOSS.findall(uninterrupted)[-1][2])
     assert abs(float(_LOSS.findall(resumed)[-1][2]) - expected) <= 2e-6
     assert _ACCURACY.findall(resumed) == _ACCURACY.findall(uninterrupted)
+
+
+UNEVEN = r"""
+import os, pathlib
+import torch
+torch.set_num_threads(1)
+import nbdist as nd
+
+strategy = nd.MultiWorkerMirroredStrategy(
+    communication_options=nd.experimental.CommunicationOptions(timeout_seconds=30))
+rank = strategy.cluster_resolver.task_id
+with strategy.scope():
+    model = torch.nn.Linear(2, 2)
+data = [torch.full((4, 2), float(i)) for i in range(6)]
+iterator = iter(strategy.experimental_distribute_dataset(data))
+next(iterator)
+if rank == 0:
+    next(iterator)  # worker 0 is one batch ahead of worker 1
+path = os.path.join(os.environ["FOLDER"], "uneven.pt")
+out = {}
+try:
+    nd.checkpoint.save(path, model=model, iterator=iterator)
+    out["save"] = {"ok": True}
+except Exception as error:
+    out["save"] = {"type": type(error).__name__, "message": str(error),
+                   "bases": [c.__name__ for c in type(error).__mro__]}
+out["written"] = os.path.exists(path)
+if rank == 1:
+    next(iterator)  # the same step on both: now the save goes through
+nd.checkpoint.save(path, model=model, iterator=iterator)
+out["saved_batches"] = nd.checkpoint.read(path)["iterator"]["batches"]
+report(out)
+strategy.shutdown()
+"""
+
+
+def test_a_save_with_workers_at_different_iterator_positions_is_refused_on_both(tmp_path):
+    # Before: worker 0's position (2 batches) was written silently; after a restore worker 1
+    # skipped its share of batch 2, which it never trained on.
+    outs = _launch(UNEVEN, 2, FOLDER=str(tmp_path))
+    for out in outs:
+        error = out["save"]
+        assert error.get("type") == "CheckpointError", error
+        assert "NbdistError" in error["bases"]
+        message = error["message"]
+        assert "'iterator' is at different positions on the workers" in message
+        assert "worker 0: 2 batches (8 examples), worker 1: 1 batches (4 examples)" in message
+        assert "worker(s) [1] would skip" in message
+        assert "Save at a step boundary where every worker has taken the same number" in message
+        assert not out["written"]
+        assert out["saved_batches"] == 2

@@ -538,3 +538,17 @@ def test_a_sharded_dataloader_skips_by_index_and_resumes_on_other_workers():
         assert torch.equal(torch.cat(parts), reference[step][0])
     with pytest.raises(CheckpointMismatchError, match="has only 1 batches"):
         worker(0, 3, data=rows[:12]).load_state_dict(state)
+
+
+def test_workers_positions_that_differ_are_named_with_the_fix():
+    # The decision nd.checkpoint.save takes on every worker from the gathered positions
+    # (tests/dist/test_checkpoint_workers.py runs it across real workers).
+    from nbdist.checkpoint.workers import position_disagreement
+
+    assert position_disagreement(["a", "b"], [[3, 24, 1, -1], [3, 24, 1, -1]]) is None
+    message = position_disagreement(["a", "b"], [[3, 24, 2, -1], [3, 24, 1, -1], [3, 24, 2, -1]])
+    assert message is not None
+    assert message.startswith("the distributed iterator 'b' is at different positions")
+    assert "(worker 0: 2 batches, worker 1: 1 batches, worker 2: 2 batches)" in message
+    assert "worker(s) [1] would skip their share" in message
+    assert "Save at a step boundary where every worker has taken the same number" in message

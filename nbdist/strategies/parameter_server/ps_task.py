@@ -17,8 +17,8 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
-import sys
 import threading
+import time
 from typing import Any
 
 import torch
@@ -181,20 +181,34 @@ _tasks: list[PSTask] = []
 
 def _register_exit(task: PSTask) -> None:
     if not _tasks:
-        atexit.register(_exit_now_if_serving)
+        atexit.register(_stop_at_exit)
     _tasks.append(task)
 
 
-def _exit_now_if_serving() -> None:
-    """At interpreter exit: a thread blocked in a gloo receive for a client that is still
-    connected makes the C++ runtime abort the process while Python finalises; a ps task that
-    ends (stopped engine, finished script) leaves at once instead, with exit status 0."""
+def _stop_at_exit(wait_s: float = 1.0) -> None:
+    """At interpreter exit, before Python finalises: stop every ps task's accept thread and
+    end the sessions of this process's own clients, then let the interpreter exit with the
+    script's own status.
+
+    Note [ps task at exit]: the accept thread polls the store (a C++ call without the GIL)
+    every 5 ms; a daemon thread that comes back from C++ while Python finalises is ended
+    through C++ frames that cannot unwind, and the process aborts ("terminate called without
+    an active exception"). So it is stopped (joined) here. The sessions of clients in this
+    process (an in-process cluster: the chief, worker servers) are closed too, so their
+    threads are not inside gloo either. A session of another process's client waits in a
+    gloo receive, which finalisation leaves alone. This hook never exits the process itself:
+    an earlier `os._exit(0)` here turned a failing script's status into 0.
+    """
+    from nbdist.strategies.parameter_server.transport import close_clients
+
     for task in _tasks:
         task._stopped.set()
-    if any(task._live for task in _tasks):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    close_clients()
+    deadline = time.monotonic() + wait_s
+    for task in _tasks:
+        task.stop()
+        while task._live and time.monotonic() < deadline:
+            time.sleep(0.01)  # a session's thread returns once it has read its client's "bye"
 
 
 _here: dict[str, PSTask] = {}

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from nbdist.errors import PSUnavailableError
 
-__all__ = ["PSClient", "Pair", "connect_store", "form_pair", "split_address"]
+__all__ = ["PSClient", "Pair", "close_clients", "connect_store", "form_pair", "split_address"]
 
 SESSIONS = "nbdist/ps/sessions"
 _ANNOUNCE = "nbdist/ps/req/"
@@ -290,7 +290,7 @@ _clients: weakref.WeakSet[PSClient] = weakref.WeakSet()
 
 
 @atexit.register
-def _close_clients() -> None:
+def close_clients() -> None:
     """Close every connection at exit, so no ps thread waits on a pair that is going away."""
     for client in list(_clients):
         with contextlib.suppress(Exception):
