@@ -7,6 +7,7 @@ Imports nothing from nbdist.
 from __future__ import annotations
 
 import os
+import sys
 import traceback as _traceback
 
 __all__ = [
@@ -61,6 +62,26 @@ def is_nbdist_file(filename: str) -> bool:
     return os.path.abspath(filename).startswith(_NBDIST_DIR + os.sep)
 
 
+_MAGIC_CALLS = ("get_ipython().run_cell_magic(", "get_ipython().run_line_magic(")
+
+
+def _is_magic_machinery(frame: _traceback.FrameSummary) -> bool:
+    """True for a frame of IPython's own code running a cell or a magic, or for a cell's line
+    that only calls a magic (IPython's rewrite of `%%distribute` / `%dist`): an error an nbdist
+    magic raises would otherwise show IPython's frames and a rewritten line the user never
+    wrote. Reads no module that is not already imported (the core imports no Jupyter code)."""
+    if (frame.line or "").lstrip().startswith(_MAGIC_CALLS):
+        return True
+    for name in ("IPython", "ipykernel"):
+        module = sys.modules.get(name)
+        location = getattr(module, "__file__", None)
+        if location and os.path.abspath(frame.filename).startswith(
+            os.path.dirname(os.path.abspath(location)) + os.sep
+        ):
+            return True
+    return False
+
+
 def user_traceback(error: BaseException) -> list[str]:
     """`error`'s traceback as lines, with every frame in nbdist's own modules left out.
 
@@ -71,7 +92,7 @@ def user_traceback(error: BaseException) -> list[str]:
     frames = [
         frame
         for frame in _traceback.extract_tb(error.__traceback__)
-        if not is_nbdist_file(frame.filename)
+        if not is_nbdist_file(frame.filename) and not _is_magic_machinery(frame)
     ]
     parts = (
         ["Traceback (most recent call last):\n", *_traceback.format_list(frames)] if frames else []
