@@ -83,7 +83,8 @@ def diverged_message(
         "replicas only (under torch.no_grad(), load_state_dict on one worker, a %%distribute "
         "--targets cell that trained some replicas), or gradients made with "
         "torch.autograd.grad or written to .grad by hand (only loss.backward() averages them). "
-        "Fix the cause, then bring the replicas back to replica 0's values on every replica: "
-        "`with torch.no_grad(): [p.copy_(strategy.extended.broadcast_from_first(p)) for p in "
-        "model.parameters()]` (or restore a checkpoint on every replica)."
+        "Fix the cause, then bring the replicas back to replica 0's values: "
+        "`strategy.realign_replicas()` on every replica (in a %%distribute cell; it covers "
+        "every model made in the scope, also one you created again), or restore a checkpoint "
+        "on every replica."
     )

@@ -456,6 +456,25 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._telemetry.note_replica_check(False, message)
         raise ReplicasDivergedError(message)
 
+    def realign_replicas(self) -> None:
+        """Copy replica 0's values of every parameter created in this strategy's scope to every
+        replica: the fix for a `ReplicasDivergedError`, also for the parameters of a model no
+        longer in use (the strategy keeps every parameter made in its scope, so a model
+        created again does not retire the old one's divergence). A collective that every
+        worker must call (in a `%%distribute` cell, or on every torchrun process).
+
+        Example:
+            >>> import nbdist as nd
+            >>> nd.MultiWorkerMirroredStrategy().realign_replicas()  # one worker: nothing to do
+        """
+        params = self._mirrored_parameters()
+        if self._group is None or not params:
+            return
+        with torch.no_grad():
+            for param in params:
+                self._group.broadcast_([param.data], src=0)
+        self._telemetry.note_replica_check(True)
+
     def _spread(self, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The largest and smallest values of `local` over the workers (one all-reduce)."""
         assert self._group is not None

@@ -84,9 +84,20 @@ with torch.no_grad():
         model[2].bias[0] += 0.5
 out["check_when_different"] = attempt(lambda: strategy.check_replicas_identical())
 out["last_check"] = list(getattr(strategy, "last_replica_check", None) or [None])[1:]
-with torch.no_grad():  # the fix the message gives
+with torch.no_grad():  # copying replica 0's values by hand works
     [p.copy_(strategy.extended.broadcast_from_first(p)) for p in model.parameters()]
 out["check_after_fix"] = attempt(lambda: strategy.check_replicas_identical())
+# A diverged model the user replaced (created again) is still the strategy's: the fix the
+# message gives, strategy.realign_replicas(), covers it too.
+with strategy.scope():
+    old = torch.nn.Linear(3, 3)
+with torch.no_grad():
+    if rank == 1:
+        old.bias[0] += 1.0
+del old
+out["check_replaced_model"] = attempt(lambda: strategy.check_replicas_identical())
+strategy.realign_replicas()
+out["check_after_realign"] = attempt(lambda: strategy.check_replicas_identical())
 
 # --- gradients written by hand (never averaged): caught within replica_check_every steps ------
 strategy.replica_check_every = 3
@@ -146,9 +157,12 @@ def test_replica_check_names_the_differing_parameter_on_every_worker(workers):
         name, message = out["check_when_different"]
         assert name == "ReplicasDivergedError"
         assert "1 of 4 parameter(s)" in message and "Linear.bias [5]" in message
-        assert "strategy.extended.broadcast_from_first" in message
+        assert "strategy.realign_replicas()" in message
         assert out["last_check"] == [False, message]
         assert out["check_after_fix"] is None
+        name, message = out["check_replaced_model"]
+        assert name == "ReplicasDivergedError" and "Linear.bias [3]" in message
+        assert out["check_after_realign"] is None
 
 
 def test_gradients_written_by_hand_are_caught_by_the_periodic_check(workers):
