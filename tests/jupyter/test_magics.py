@@ -215,16 +215,12 @@ for _ in range(3):
     assert re.search(r"copies of 1 of \d+ parameter\(s\)", message), message
     assert "(Linear.bias [5])" in message
     assert "at the end of the %%distribute cell (replica(s) [1] differ from replica 0)" in message
-    assert "strategy.extended.broadcast_from_first" in message
+    assert "strategy.realign_replicas()" in message
     from nbdist.widgets._data import ClusterSource
 
     check = ClusterSource(current_cluster()).collect()["replica_check"]
     assert check[1] is False and check[2] == message  # the dashboard's "diverge" flag
-    fix = (
-        "with torch.no_grad():\n"
-        "    [p.copy_(strategy.extended.broadcast_from_first(p)) for p in toy.parameters()]"
-    )
-    assert distribute(dist_shell, fix + "\n1").values == (1, 1)
+    assert distribute(dist_shell, "strategy.realign_replicas()\n1").values == (1, 1)
     assert ClusterSource(current_cluster()).collect()["replica_check"][1] is True
 
 
