@@ -9,7 +9,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +22,23 @@ from nbdist.testing import assert_processes_gone
 
 EXTENSION = "nbdist" if hasattr(nbdist, "load_ipython_extension") else "nbdist._extension"
 """`%load_ext nbdist` once `nbdist` re-exports the hooks of `nbdist._extension`."""
+
+def start_kernel_manager(root: Path):
+    """A started ipykernel (this Python) under a kernel spec and IPYTHONDIR inside `root`,
+    for the tests that drive a real kernel over its channels; the caller shuts it down."""
+    from jupyter_client.manager import KernelManager
+
+    spec = root / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    kernel_json = {"argv": argv, "display_name": "nbdist test kernel", "language": "python"}
+    (spec / "kernel.json").write_text(json.dumps(kernel_json))
+    env = {**os.environ, "JUPYTER_PATH": str(root), "IPYTHONDIR": str(root / "ipython")}
+    km = KernelManager(kernel_name="python3")
+    km.kernel_spec_manager.kernel_dirs.insert(0, str(root / "kernels"))
+    km.start_kernel(env=env)
+    return km
+
 
 @pytest.fixture
 def extension() -> str:

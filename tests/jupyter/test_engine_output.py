@@ -13,11 +13,8 @@ One kernel (this interpreter's ipykernel, as JupyterLab starts it) with `%load_e
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import queue
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -25,7 +22,7 @@ import psutil
 import pytest
 from jupyter_client.manager import KernelManager
 
-from tests.jupyter.conftest import EXTENSION
+from tests.jupyter.conftest import EXTENSION, start_kernel_manager
 
 pytestmark = pytest.mark.cluster
 
@@ -90,16 +87,7 @@ class Kernel:
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    root = tmp_path_factory.mktemp("jupyter")
-    spec = root / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    kernel_json = {"argv": argv, "display_name": "nbdist test kernel", "language": "python"}
-    (spec / "kernel.json").write_text(json.dumps(kernel_json))
-    env = {**os.environ, "JUPYTER_PATH": str(root), "IPYTHONDIR": str(root / "ipython")}
-    km = KernelManager(kernel_name="python3")
-    km.kernel_spec_manager.kernel_dirs.insert(0, str(root / "kernels"))
-    km.start_kernel(env=env)
+    km = start_kernel_manager(tmp_path_factory.mktemp("jupyter"))
     pids: list[int] = []
     k = None
     try:

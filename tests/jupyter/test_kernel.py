@@ -13,10 +13,7 @@ test restarts the kernel (killing it) and checks every process of its cluster is
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import queue
-import sys
 import time
 
 import psutil
@@ -24,7 +21,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 
 from nbdist.testing import assert_processes_gone
-from tests.jupyter.conftest import EXTENSION
+from tests.jupyter.conftest import EXTENSION, start_kernel_manager
 
 pytestmark = pytest.mark.cluster
 
@@ -113,16 +110,7 @@ class Kernel:
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    root = tmp_path_factory.mktemp("jupyter")
-    spec = root / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    kernel_json = {"argv": argv, "display_name": "nbdist test kernel", "language": "python"}
-    (spec / "kernel.json").write_text(json.dumps(kernel_json))
-    env = {**os.environ, "JUPYTER_PATH": str(root), "IPYTHONDIR": str(root / "ipython")}
-    km = KernelManager(kernel_name="python3")
-    km.kernel_spec_manager.kernel_dirs.insert(0, str(root / "kernels"))
-    km.start_kernel(env=env)
+    km = start_kernel_manager(tmp_path_factory.mktemp("jupyter"))
     pids: list[int] = []
     k = None
     try:
