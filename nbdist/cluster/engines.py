@@ -40,6 +40,7 @@ from nbdist.cluster.lockdown import private_dirs, private_files
 from nbdist.cluster.plan import LaunchPlan, make_plan, with_communication
 from nbdist.cluster.processes import ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
+from nbdist.cluster.sigint import interrupts_deferred
 from nbdist.cluster.startup import (
     launch_failure,
     output_tail,
@@ -305,7 +306,7 @@ class Cluster:
             self._join(deadline)
         except BaseException as error:
             output = "" if isinstance(error, KeyboardInterrupt) else output_tail(self._ipp)
-            with _interrupts_deferred():  # a second Ctrl-C must not leave processes behind
+            with interrupts_deferred():  # a second Ctrl-C must not leave processes behind
                 self._teardown()
             if isinstance(error, KeyboardInterrupt):
                 raise ClusterInterrupted(
@@ -801,25 +802,6 @@ class Cluster:
                 "cluster.start() (or `with nd.Cluster(...) as cluster:`; in a notebook, "
                 "`%dist start`), then run it again."
             )
-
-
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT in the main thread) until the block ends, then raise it."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-    if pending:
-        raise KeyboardInterrupt
 
 
 def _register_atexit() -> None:

@@ -30,6 +30,7 @@ from nbdist.cluster import _wire, cell_names
 from nbdist.cluster.calls import Supervisor, checked_replies, say_late_output, wait_for_outputs
 from nbdist.cluster.engine_side.progress import reset_bars
 from nbdist.cluster.errors import EngineTimeoutError, SerializationError
+from nbdist.cluster.sigint import interrupts_deferred
 from nbdist.magics._progress import CellBars
 from nbdist.values import PerReplica
 
@@ -306,7 +307,8 @@ def _run_cell(
                 step = min(step, max(0.0, deadline - time.monotonic()))
             if supervisor.wait(step):
                 break
-            streams.poll()
+            with interrupts_deferred():  # never inside ipykernel's flush: raised right after
+                streams.poll()
             if deadline is not None and time.monotonic() >= deadline:
                 pending, detail = supervisor.stop_after_timeout(timeout, "`%dist restart`")
                 _finish_output(parts, streams)
