@@ -112,14 +112,26 @@ def write_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     _sync_directory(folder)
 
 
+def file_in_the_way(folder: str) -> str | None:
+    """The nearest existing ancestor of `folder` (or `folder` itself) when it is a file, not
+    a directory: then `folder` can never be created. None otherwise.
+
+    Example:
+        >>> file_in_the_way("/") is None
+        True
+    """
+    path = os.path.abspath(folder)
+    while path and not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path if os.path.exists(path) and not os.path.isdir(path) else None
+
+
 def _make_directory(folder: str, path: str) -> None:
     """Create `folder` (and its parents) unless it exists; refuse a file in the way."""
     if os.path.isdir(folder):
         return
-    blocker = folder
-    while blocker and not os.path.exists(blocker) and os.path.dirname(blocker) != blocker:
-        blocker = os.path.dirname(blocker)
-    if os.path.exists(blocker) and not os.path.isdir(blocker):
+    blocker = file_in_the_way(folder)
+    if blocker is not None:
         raise CheckpointError(
             f"Cannot write checkpoint {path!r}: {blocker!r} is a file, not a directory, so the "
             f"directory {folder!r} cannot be created. Choose a path whose folders are "

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbdist import context
+from nbdist.checkpoint.fileformat import file_in_the_way
 from nbdist.checkpoint.save_restore import (
     _in_replica_threads,
     _named,
@@ -392,10 +393,8 @@ def _as_int(name: str, value: Any) -> int:
 def _refuse_file_in_the_way(directory: str) -> None:
     """A directory below an existing file can never hold checkpoints: say so now, not as an
     empty directory that `restore_or_initialize` silently initialises from."""
-    path = os.path.abspath(directory)
-    while path and not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    if os.path.exists(path) and not os.path.isdir(path):
+    path = file_in_the_way(directory)
+    if path is not None:
         raise CheckpointError(
             f"CheckpointManager cannot use {directory!r}: {path!r} is a file, not a directory, "
             f"so no checkpoint can be written there or found. Give a directory path (e.g. "
