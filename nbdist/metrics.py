@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from nbdist.context import current_replica_context
 from nbdist.errors import ArgumentTypeError
 
 __all__ = ["MetricLog", "log", "metric_log", "progress", "set_home_replica"]
@@ -163,9 +164,11 @@ def set_home_replica(replica: int, *, engine: bool = False, bar: Any = None) -> 
 
 
 def _current_replica() -> int:
-    from nbdist.strategies.current import get_replica_context
-
-    ctx = get_replica_context()
+    # the replica context `run` entered, read from the core's context variables (not through
+    # `nd.get_replica_context()`, whose default context answers replica 0 of the default
+    # strategy: one replica, so this process's own replica below): metrics sit below the
+    # strategies
+    ctx = current_replica_context()
     strategy = getattr(ctx, "_strategy", None) if ctx is not None else None
     if ctx is not None and getattr(strategy, "_is_multi_replica", True):
         return ctx.replica_id_in_sync_group

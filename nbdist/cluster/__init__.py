@@ -19,7 +19,8 @@ from nbdist.cluster.errors import (
     SerializationError,
 )
 from nbdist.cluster.ps_cluster import PSCluster  # noqa: F401  (Cluster(strategy="parameter_server"))
-from nbdist.cluster.remote import EngineStrategy, RemoteRef, remote
+from nbdist.cluster.refs import RemoteRef, remote
+from nbdist.cluster.remote import EngineStrategy
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 
 __all__ = [

@@ -72,7 +72,7 @@ from nbdist.cluster.errors import (
 from nbdist.cluster.status import EngineInfo
 
 if TYPE_CHECKING:
-    from nbdist.cluster.engines import Cluster
+    from nbdist.cluster.handle import ClusterHandle
 
 __all__ = [
     "INTERRUPT_GRACE_S",
@@ -105,7 +105,7 @@ _RELEASE_TIMEOUT_S = 10.0
 
 
 def call_engines(
-    cluster: Cluster,
+    cluster: ClusterHandle,
     entry: str,
     payloads: bytes | Sequence[Any],
     *extra: Any,
@@ -215,7 +215,7 @@ class Supervisor:
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: ClusterHandle,
         engines: Sequence[EngineInfo],
         parts: list[Any],
         what: str,
@@ -481,7 +481,7 @@ def failure_of(info: EngineInfo, reply: Any) -> RemoteFailure:
 
 
 def checked_replies(
-    cluster: Cluster,
+    cluster: ClusterHandle,
     engines: Sequence[EngineInfo],
     parts: list[Any],
     supervisor: Supervisor,

@@ -15,13 +15,12 @@ import ast
 import math
 import shlex
 import sys
-import weakref
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError
+from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError, session
 from nbdist.magics._cell import OUTPUT_MODES, distribute_cell
 
 __all__ = ["DistMagics", "current_cluster"]
@@ -30,15 +29,12 @@ LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 BACKENDS = ("auto", "gloo", "nccl")
 STRATEGIES = ("mirrored", "multi_worker", "parameter_server")
 _NAMESPACE_NAME = "cluster"
-_instances: weakref.WeakSet[DistMagics] = weakref.WeakSet()
+_instances = session.holders  # every shell's DistMagics (weakly)
 
 
 def current_cluster() -> Cluster | None:
     """The cluster started with `%dist start` (None when none is running)."""
-    for magics in list(_instances):
-        if magics.cluster is not None:
-            return magics.cluster
-    return None
+    return session.notebook_cluster()
 
 
 class _Parser(argparse.ArgumentParser):

@@ -258,9 +258,9 @@ def source_for(target: Any = None) -> Any:
     """The running cluster (or `target`'s), else the given or current strategy."""
     if target is None:
         try:
-            from nbdist.magics.core import current_cluster
+            from nbdist.cluster.session import notebook_cluster
 
-            cluster = current_cluster()
+            cluster = notebook_cluster()
         except Exception:
             cluster = None
         if cluster is not None:
