@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -18,7 +18,6 @@ from nbdist.communication import CommunicationOptions
 from nbdist.devices import canonical_devices, physical_device
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
-from nbdist.telemetry import Telemetry
 from nbdist.values import DistributedValues, Mirrored
 
 __all__ = [
@@ -30,6 +29,25 @@ __all__ = [
 ]
 
 DEFAULT_PACK_BYTES = 32 * 1024 * 1024
+
+
+class Recorder(Protocol):
+    """Where a `CrossDeviceOps` records its reductions: the strategy's `nbdist.telemetry`
+    record, set by the strategy (the core names what it needs, and does not import the
+    telemetry, which reads the core's variables)."""
+
+    enabled: bool
+
+    def record(
+        self,
+        op: str,
+        nbytes: int,
+        implementation: str,
+        replicas: tuple[int, ...],
+        start: float,
+        duration: float,
+        waits: Sequence[float],
+    ) -> None: ...
 
 
 class CrossDeviceOps:
@@ -49,7 +67,7 @@ class CrossDeviceOps:
     implementation_name = "local"
 
     def __init__(self) -> None:
-        self.telemetry: Telemetry | None = None
+        self.telemetry: Recorder | None = None
         self._num_replicas_hint = 1
         self._replicas_seen = 1
 
