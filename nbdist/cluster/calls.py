@@ -188,7 +188,12 @@ def _submit(
         result = client.direct_view(ids).apply_async(func, payloads, *extra)
         return list(result.split()) if len(ids) > 1 else [result]
     if len(payloads) != len(engines):
-        raise ValueError(f"{len(payloads)} payloads for {len(engines)} engines.")
+        from nbdist.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"{len(payloads)} payloads for {len(engines)} engines; pass one payload per engine, "
+            "in replica order (or one bytes payload for all of them)."
+        )
     return [
         client.direct_view([info.id]).apply_async(func, payload, *extra)
         for info, payload in zip(engines, payloads)
