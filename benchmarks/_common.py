@@ -260,11 +260,38 @@ def ratio_table(rows: list[list[Any]]) -> str:
     )
 
 
+def machine() -> dict[str, Any]:
+    """Which machine measured: host name, OS, processor, cores and the GPU (if any)."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "gpu": gpu,
+    }
+
+
 def write_result(name: str, payload: dict[str, Any]) -> Path:
-    """Write `benchmarks/results/<name>.json` and return its path."""
+    """Write `benchmarks/results/<name>.json`, stamped with the date (UTC) and the machine
+    (`machine()`), and return its path. Every benchmark's numbers go there, not into the
+    code's Notes (which state what holds, and point at the result files).
+
+    Example:
+        write_result("bench_x", {"median_s": 0.012})
+        # benchmarks/results/bench_x.json: {"name": "bench_x", "date": "2026-11-27T...",
+        #                                   "machine": {...}, "median_s": 0.012}
+    """
+    import datetime
+
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"name": name, **payload}, indent=2, default=str) + "\n")
+    stamp = {
+        "name": name,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
+    path.write_text(json.dumps({**stamp, **payload}, indent=2, default=str) + "\n")
     return path
 
 

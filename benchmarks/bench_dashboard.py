@@ -22,12 +22,10 @@ benchmarks/results/bench_dashboard.json.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -242,9 +240,9 @@ def main(argv: list[str]) -> int:
     for name, value, target in rows:
         print(f"{name:46} {value:12.1f} {target:>10}")
     print(f"1M recorded: {m['kept']} kept, {m['accounted']} accounted for in the view's totals")
-    out = Path(__file__).parent / "results" / "bench_dashboard.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    from _common import write_result
+
+    out = write_result("bench_dashboard", result)
     print(f"wrote {out}")
     return 0
 

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 
 DDP_SCRIPT = r"""
 import json, os, sys, time
@@ -136,8 +135,9 @@ def main(argv=None) -> dict:
     print(f"training steps/s: nbdist {med(nb_sps):7.1f}   DDP (torchrun) {med(ddp_sps):7.1f}")
     print(f"nbdist / DDP: {result['ratio_of_medians']:.3f}× (median of paired: "
           f"{result['median_paired_ratio']:.3f}×; target >= 0.9×)")  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "demo.json").write_text(json.dumps(result, indent=2))
+    from _common import write_result
+
+    write_result("demo", result)
     return result
 
 

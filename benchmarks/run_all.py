@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import RESULTS, environment, fmt_value, table, verdict
+from _common import RESULTS, environment, fmt_value, table, verdict, write_result
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
@@ -105,15 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(noisy)} verdict(s) marked (noisy): the two statistics disagree; rerun on a "
             "quieter machine before trusting them."
         )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    summary = RESULTS / "summary.json"
-    summary.write_text(
-        json.dumps(
-            {"environment": env, "arguments": vars(args), "runs": runs, "checks": rows},
-            indent=2,
-            default=str,
-        )
-        + "\n"
+    summary = write_result(
+        "summary", {"environment": env, "arguments": vars(args), "runs": runs, "checks": rows}
     )
     print(f"wrote {summary}")
     return 1 if crashed else 0

@@ -33,7 +33,7 @@ import torch
 import nbdist as nd
 from nbdist.app.interrupts import raise_if_interrupted
 from nbdist.devices import canonical_devices
-from nbdist.errors import NbdistError
+from nbdist.errors import InvalidArgumentError, NbdistError
 from nbdist.run_figure import plot_dashboard, summarize_telemetry, telemetry_line
 
 __all__ = [
@@ -110,7 +110,7 @@ def make_strategy(name: str, devices: Sequence[str] | None = None) -> nd.Strateg
         return nd.CentralStorageStrategy(list(devices))
     if name == "one":
         return nd.OneDeviceStrategy(devices[0])
-    raise ValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}.")
+    raise InvalidArgumentError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}.")
 
 
 def build_model() -> torch.nn.Module:
@@ -127,7 +127,7 @@ def build_optimizer(name: str, parameters: Any, lr: float | None = None) -> torc
         return torch.optim.SGD(parameters, lr=lr, momentum=0.9)
     if name == "adam":
         return torch.optim.Adam(parameters, lr=lr)
-    raise ValueError(f"Unknown optimizer {name!r}; choose sgd or adam.")
+    raise InvalidArgumentError(f"Unknown optimizer {name!r}; choose sgd or adam.")
 
 
 def describe(strategy: nd.Strategy) -> str:
@@ -266,7 +266,9 @@ def train(
     from tqdm.auto import tqdm
 
     if not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be a whole number of at least 1, got {epochs!r}.")
+        raise InvalidArgumentError(
+            f"epochs must be a whole number of at least 1, got {epochs!r}; e.g. epochs=3."
+        )
     stdout = stdout or sys.stdout
     data = load_digits_data(seed)
     dist = make_strategy(strategy, devices)

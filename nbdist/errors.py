@@ -11,10 +11,12 @@ import sys
 import traceback as _traceback
 
 __all__ = [
+    "SHOW_INTERNAL_FRAMES",
     "ArgumentTypeError",
     "BusyError",
     "CancelledError",
     "CheckpointError",
+    "CheckpointKeyError",
     "CheckpointMismatchError",
     "CheckpointTypeError",
     "ClusterConfigError",
@@ -22,6 +24,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "CompiledCollectiveError",
     "ContextError",
+    "FileWriteError",
     "InvalidArgumentError",
     "NbdistError",
     "PSUnavailableError",
@@ -34,6 +37,7 @@ __all__ = [
     "UnknownArgumentError",
     "UnsupportedOptionError",
     "WorkerLostError",
+    "show_internal_frames",
 ]
 
 
@@ -55,6 +59,26 @@ class NbdistError(Exception):
 
 
 _NBDIST_DIR = os.path.dirname(os.path.abspath(__file__))
+
+SHOW_INTERNAL_FRAMES = "NBDIST_SHOW_INTERNAL_FRAMES"
+"""The environment variable that keeps nbdist's own frames in the tracebacks users see."""
+
+
+def show_internal_frames() -> bool:
+    """True when `NBDIST_SHOW_INTERNAL_FRAMES` is set to anything but `""` or `"0"`: for
+    debugging nbdist itself, tracebacks (an `NbdistError` in a notebook, a `RemoteError`, a
+    worker's error) then keep nbdist's frames instead of leaving them out. Read at each
+    error, so setting it in a running kernel (or on the engines) takes effect at once.
+
+    Example:
+        >>> os.environ[SHOW_INTERNAL_FRAMES] = "1"
+        >>> show_internal_frames()
+        True
+        >>> del os.environ[SHOW_INTERNAL_FRAMES]
+        >>> show_internal_frames()
+        False
+    """
+    return os.environ.get(SHOW_INTERNAL_FRAMES, "") not in ("", "0")
 
 
 def is_nbdist_file(filename: str) -> bool:
@@ -83,16 +107,18 @@ def _is_magic_machinery(frame: _traceback.FrameSummary) -> bool:
 
 
 def user_traceback(error: BaseException) -> list[str]:
-    """`error`'s traceback as lines, with every frame in nbdist's own modules left out.
+    """`error`'s traceback as lines, with every frame in nbdist's own modules left out
+    (kept when `NBDIST_SHOW_INTERNAL_FRAMES=1`, see `show_internal_frames`).
 
     Example:
         >>> user_traceback(ValueError("bad"))
         ['ValueError: bad']
     """
+    internal = show_internal_frames()
     frames = [
         frame
         for frame in _traceback.extract_tb(error.__traceback__)
-        if not is_nbdist_file(frame.filename) and not _is_magic_machinery(frame)
+        if (internal or not is_nbdist_file(frame.filename)) and not _is_magic_machinery(frame)
     ]
     parts = (
         ["Traceback (most recent call last):\n", *_traceback.format_list(frames)] if frames else []
@@ -156,6 +182,11 @@ class CheckpointMismatchError(CheckpointError, ValueError):
     a name it does not hold, or an object of another kind."""
 
 
+class CheckpointKeyError(CheckpointMismatchError, KeyError):
+    """A state dict given to a `load_state_dict` of nbdist lacks the key it needs (one not made
+    by the matching `state_dict()`); a `KeyError` too, as for a missing key of a dict."""
+
+
 class CheckpointTypeError(CheckpointError, TypeError):
     """An object given to `nd.checkpoint.save` or `restore` that cannot be checkpointed."""
 
@@ -181,6 +212,11 @@ class UnknownArgumentError(NbdistError, TypeError):
 class InvalidArgumentError(NbdistError, ValueError):
     """An argument with the right type but a value nbdist cannot use (a shape, an axis, a
     device, a count); the message names the value and the fix."""
+
+
+class FileWriteError(NbdistError, OSError):
+    """A file nbdist was asked to write (e.g. `dashboard.save(path)`) could not be written:
+    a folder that does not exist or cannot be written to; the message names the path."""
 
 
 class ArgumentTypeError(NbdistError, TypeError):

@@ -19,7 +19,7 @@ import torch
 from nbdist import context
 from nbdist._private_api import pytree
 from nbdist.devices import physical_device
-from nbdist.errors import InvalidArgumentError
+from nbdist.errors import CheckpointKeyError, InvalidArgumentError
 from nbdist.names import member_by_name
 from nbdist.reduce import ReduceOp
 from nbdist.values import DistributedValues, PerReplica
@@ -273,7 +273,10 @@ class Variable(metaclass=_VariableMeta):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from `state_dict()` output."""
         if "value" not in state_dict:
-            raise KeyError(f"A variable state dict has one key, 'value'; got {list(state_dict)}.")
+            raise CheckpointKeyError(
+                f"A variable state dict has one key, 'value'; got {list(state_dict)}. Pass what "
+                "the variable's state_dict() returned, or restore with nd.checkpoint.restore."
+            )
         self._restore(state_dict["value"])
 
     def _checkpoint_value(self) -> torch.Tensor:

@@ -28,6 +28,7 @@ from typing import Any
 __all__ = [
     "Call",
     "NamespaceFunction",
+    "cut_from_tracebacks",
     "dumps",
     "encode",
     "failure",
@@ -228,14 +229,14 @@ _SECONDARY = ("WorkerLostError", "ReplicaReleasedError", "CollectiveTimeoutError
 def failure(error: BaseException, stage: str) -> dict[str, Any]:
     """A failure reply: the exception's name, message and traceback (nbdist's frames cut)."""
     tb = error.__traceback__
-    while tb is not None and _internal(tb.tb_frame.f_code.co_filename):
+    while tb is not None and cut_from_tracebacks(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     if tb is None:  # raised by nbdist itself (e.g. a missing nd.remote name): the message says it
         text = "".join(traceback_module.format_exception_only(type(error), error))
     else:
         shown = traceback_module.TracebackException(type(error), error, tb)
         if _raised_on_purpose(error):  # the user's frames and the message say it all
-            frames = [frame for frame in shown.stack if not _internal(frame.filename)]
+            frames = [f for f in shown.stack if not cut_from_tracebacks(f.filename)]
             shown.stack = traceback_module.StackSummary.from_list(frames)
         text = "".join(shown.format())
     return {
@@ -261,6 +262,16 @@ _PLUMBING = (f"{os.sep}ipyparallel{os.sep}", f"{os.sep}torch{os.sep}utils{os.sep
 
 def is_internal(filename: str) -> bool:
     """True for frames of nbdist and of the machinery that calls the user's function."""
+    return _internal(filename)
+
+
+def cut_from_tracebacks(filename: str) -> bool:
+    """True for the frames a failure's traceback leaves out: `is_internal`'s, but nbdist's
+    own frames are kept when `NBDIST_SHOW_INTERNAL_FRAMES=1` (debugging nbdist itself)."""
+    from nbdist.errors import show_internal_frames
+
+    if show_internal_frames():
+        return any(part in os.path.abspath(filename) for part in _PLUMBING)
     return _internal(filename)
 
 

@@ -188,7 +188,12 @@ def _submit(
         result = client.direct_view(ids).apply_async(func, payloads, *extra)
         return list(result.split()) if len(ids) > 1 else [result]
     if len(payloads) != len(engines):
-        raise ValueError(f"{len(payloads)} payloads for {len(engines)} engines.")
+        from nbdist.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"{len(payloads)} payloads for {len(engines)} engines; pass one payload per engine, "
+            "in replica order (or one bytes payload for all of them)."
+        )
     return [
         client.direct_view([info.id]).apply_async(func, payload, *extra)
         for info, payload in zip(engines, payloads)
@@ -351,7 +356,7 @@ class Supervisor:
             if not part.ready()
         }
         if still and all(notes.get(rank) for rank in still):
-            # Note [Caught interrupts]: running Python, they will come back; the group is
+            # Running Python, they will come back (Note [Caught interrupts]); the group is
             # formed again once every engine is idle.
             self.cluster.reform_when_idle(what)
             named = "; ".join(f"replica {rank} {notes[rank]}" for rank in still)
@@ -381,8 +386,8 @@ class Supervisor:
         )
 
     def _release(self) -> None:
-        """Note [Releasing blocked peers]: ask an idle engine to abandon the group if peers
-        wait for it in a collective."""
+        """Ask an idle engine to abandon the group if peers wait for it in a collective (Note
+        [Releasing blocked peers])."""
         client = self.cluster.client
         idle = [(info, f"replica {info.rank} does not run {self.what}") for info in self.bystanders]
         for info, part in zip(self.engines, self.parts):

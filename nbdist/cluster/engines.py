@@ -180,12 +180,15 @@ class Cluster:
         if isinstance(heartbeat_period, bool) or not (
             isinstance(heartbeat_period, (int, float)) and 0.05 <= heartbeat_period <= 60
         ):
-            raise ValueError(
-                f"heartbeat_period must be between 0.05 and 60 seconds, got {heartbeat_period!r}."
+            raise InvalidArgumentError(
+                f"heartbeat_period must be between 0.05 and 60 seconds, got {heartbeat_period!r}"
+                "; e.g. heartbeat_period=1.0 (or leave it out)."
             )
         self._heartbeat_ms = int(heartbeat_period * 1000)
         if launcher_options is not None and not isinstance(launcher_options, Mapping):
-            raise TypeError(
+            from nbdist.errors import ArgumentTypeError
+
+            raise ArgumentTypeError(
                 f"launcher_options must be a dict of launcher settings, got {launcher_options!r}"
                 "; e.g. launcher_options={'remote_python': '/opt/venv/bin/python'}."
             )
@@ -294,7 +297,13 @@ class Cluster:
         if self._state == "running":
             return self
         if self._state != "stopped":
-            raise RuntimeError(f"Cannot start a cluster that is {self._state}.")
+            from nbdist.errors import ContextError
+
+            raise ContextError(
+                f"Cannot start a cluster that is {self._state}: another thread's start() or "
+                "stop() of it has not finished. Wait for that call to return, then call "
+                "start() again (on a running cluster it returns at once)."
+            )
         _register_atexit()
         begin = time.perf_counter()
         deadline = time.monotonic() + self._plan.timeout
@@ -361,7 +370,12 @@ class Cluster:
         A `PerReplica` value is scattered: engine `i` gets component `i`.
         """
         if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
-            raise TypeError(f"push takes a dict of {{name: value}}, got {values!r}.")
+            from nbdist.errors import ArgumentTypeError
+
+            raise ArgumentTypeError(
+                f"push takes a dict of {{name: value}} with string names, got {values!r}; "
+                "e.g. cluster.push({'lr': 0.1})."
+            )
         n = self.num_engines
         parts = [(f"values[{key!r}]", value) for key, value in values.items()]
         if _has_distributed(values):
@@ -379,7 +393,11 @@ class Cluster:
         from nbdist.cluster.refs import RemoteRef
 
         if not names:
-            raise TypeError("pull needs at least one variable name, e.g. cluster.pull('loss').")
+            from nbdist.errors import ArgumentTypeError
+
+            raise ArgumentTypeError(
+                "pull needs at least one variable name, e.g. cluster.pull('loss')."
+            )
         for name in names:
             RemoteRef(name)  # checks the name
         payload = _wire.dumps(list(names))

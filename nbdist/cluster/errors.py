@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from nbdist.errors import NbdistError
+from nbdist.errors import InvalidArgumentError, NbdistError, show_internal_frames
 
 __all__ = [
     "ClusterInterrupted",
@@ -17,6 +17,7 @@ __all__ = [
     "ClusterStoppedError",
     "ClusterUnusableError",
     "EngineTimeoutError",
+    "HostUnreachableError",
     "RemoteError",
     "RemoteFailure",
     "RemoteNameError",
@@ -105,7 +106,10 @@ class RemoteError(NbdistError, RuntimeError):
     def __init__(self, what: str, failures: list[RemoteFailure], num_replicas: int, notes=()):
         ordered = sorted(failures, key=lambda f: f.replica)
         if not ordered:
-            raise ValueError("RemoteError needs at least one failure.")
+            raise InvalidArgumentError(
+                "RemoteError needs at least one failure; pass the RemoteFailure of each replica "
+                "that failed."
+            )
         primary = [f for f in ordered if not f.secondary] or ordered
         self.failures: tuple[RemoteFailure, ...] = tuple(ordered)
         self.replicas: tuple[int, ...] = tuple(f.replica for f in ordered)
@@ -166,14 +170,23 @@ class RemoteError(NbdistError, RuntimeError):
         """What IPython shows in a notebook (Note [The cause first]): the headline, each
         distinct cause once with the replicas that share it (`[replicas 0, 1]
         ZeroDivisionError: ...`) and their own frames, one line per released replica, the
-        notes, and how to see everything; never a frame of nbdist, torch or ipyparallel."""
+        notes, and how to see everything; never a frame of nbdist, torch or ipyparallel.
+
+        With `NBDIST_SHOW_INTERNAL_FRAMES=1` (for debugging nbdist itself) each cause shows
+        its whole traceback as its engine printed it instead, nbdist's frames included when
+        the engine had the variable set too (engines started from this kernel inherit it)."""
+        internal = show_internal_frames()
         groups: dict[tuple[str, str, str | None, str], list[RemoteFailure]] = {}
         for failure in self.causes:
             key = (
                 failure.ename,
                 _REPLICA_TAG.sub("", failure.evalue),
-                None if failure.short is None else _REPLICA_TAG.sub("", failure.short.strip()),
-                "" if failure.short is not None else _REPLICA_TAG.sub("", failure.traceback),
+                None
+                if failure.short is None or internal
+                else _REPLICA_TAG.sub("", failure.short.strip()),
+                ""
+                if failure.short is not None and not internal
+                else _REPLICA_TAG.sub("", failure.traceback),
             )
             groups.setdefault(key, []).append(failure)
         lines = [f"{type(self).__name__}: {self.headline}"]
@@ -219,6 +232,11 @@ class EngineTimeoutError(NbdistError, TimeoutError):
     def __init__(self, message: str, *, pending: tuple[int, ...] = ()):
         super().__init__(message)
         self.pending = pending
+
+
+class HostUnreachableError(NbdistError, ConnectionError):
+    """`nd.Cluster(hosts=..., launcher="ssh")` could not log in to every host over ssh before
+    starting engines there; the message names each host, what ssh said and the fix."""
 
 
 class ClusterStartError(NbdistError, RuntimeError):

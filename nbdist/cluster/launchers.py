@@ -217,8 +217,8 @@ def probe_hosts(
     Python minor version and nbdist version as the notebook (functions travel pickled).
 
     Raises:
-        ConnectionError: a host that ssh could not reach or log in to, whose Python lacks
-            nbdist or ipyparallel, or whose versions differ.
+        HostUnreachableError: (a `ConnectionError`) a host that ssh could not reach or log in
+            to, whose Python lacks nbdist or ipyparallel, or whose versions differ.
     """
     import importlib.metadata
     from concurrent.futures import ThreadPoolExecutor
@@ -274,7 +274,9 @@ def probe_hosts(
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
         problems = [problem for problem in pool.map(probe, hosts) if problem]
     if problems:
-        raise ConnectionError(
+        from nbdist.cluster.errors import HostUnreachableError
+
+        raise HostUnreachableError(
             "Cannot start engines on every host over ssh:\n  "
             + "\n  ".join(problems)
             + "\nssh must log in without a password prompt (a key in ssh-agent or "
@@ -308,14 +310,18 @@ def _mpi_flavour(mpiexec: str) -> str:
 def _mpi_args(plan: LaunchPlan) -> list[str]:
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None:
-        raise RuntimeError(
+        from nbdist.cluster.errors import ClusterStartError
+
+        raise ClusterStartError(
             "launcher='mpi' needs `mpiexec` on PATH, and none was found. Install an MPI "
             "(Debian/Ubuntu: `apt-get install openmpi-bin`), or use launcher='local' or 'ssh'."
         )
     import importlib.util
 
     if importlib.util.find_spec("mpi4py") is None:
-        raise RuntimeError(
+        from nbdist.cluster.errors import ClusterStartError
+
+        raise ClusterStartError(
             "launcher='mpi' starts ipyparallel engines with --mpi, which needs mpi4py in this "
             f"Python ({sys.executable}). Install it: `pip install mpi4py` (or "
             "`pip install 'nbdist[mpi]'`)."
@@ -348,7 +354,9 @@ def _slurm_template(plan: LaunchPlan, extra: str = "") -> str:
     if plan.hosts:
         counts = {count for _, count in plan.hosts}
         if len(counts) != 1:
-            raise ValueError(
+            from nbdist.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
                 f"launcher='slurm' places the same number of engines on every node, but "
                 f"hosts={plan.hosts!r} asks for different counts. Give every host the same "
                 "count, or leave hosts out and let Slurm place n engines."
@@ -370,7 +378,9 @@ def _check_options(launcher_class: str, options: Mapping[str, Any]) -> None:
     valid = set(cls.class_trait_names(config=True))
     unknown = sorted(set(options) - valid)
     if unknown:
-        raise ValueError(
+        from nbdist.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
             f"launcher_options {unknown} are not settings of ipyparallel's {launcher_class}; "
             f"valid ones: {', '.join(sorted(valid))}."
         )

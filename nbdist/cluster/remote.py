@@ -26,6 +26,7 @@ from nbdist._private_api import pytree
 from nbdist.cluster import _wire
 from nbdist.cluster.refs import RemoteRef, remote
 from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
+from nbdist.input.errors import StepsExhaustedError
 from nbdist.placement import Placement, SingleWorker
 from nbdist.reduce import ReduceOp
 from nbdist.strategies.base import check_run_options
@@ -144,7 +145,8 @@ class EngineStrategy:
             until the collective timeout.
 
         Raises:
-            StopIteration: every engine's iterator was exhausted before the first step.
+            StepsExhaustedError: (an `InputExhaustedError` and a `StopIteration`) every
+                engine's iterator was exhausted before the first step.
             RemoteError, SerializationError, EngineTimeoutError: as `run`.
         """
         if not callable(fn):
@@ -159,7 +161,11 @@ class EngineStrategy:
             needs_group=True,
         )  # fmt: skip
         if all(reply.get("steps", 0) == 0 for reply in replies):
-            raise StopIteration(f"The iterator {ref!r} is exhausted on every engine.")
+            raise StepsExhaustedError(
+                f"The iterator {ref!r} is exhausted on every engine: the epoch is over. Make a "
+                "new one on the engines for the next epoch, e.g. "
+                "`it = iter(strategy.experimental_distribute_dataset(data))`."
+            )
         return _merge([reply["value"] for reply in replies])
 
     def _timeout(self, timeout: float | None) -> float | None:

@@ -27,14 +27,10 @@ steps, its all-gather n-1, and a small collective's time is its steps. Every ran
 trailer: all "ok", and the combined rows are the result; any "changed", and every rank runs
 the full check, as above. Whether a layout gathers depends only on the layout, the group's
 size and its backend, so every rank (the hot path, the other agreed path and a rank that
-declines) runs the same collective. Used while the gathered rows fit `GATHER_BYTES` (32 KiB:
-16 KiB a rank on 2 ranks; at 32 KiB a rank and up the all-reduce was faster). Measured
-(gloo, 2 workers on 2 vCPUs, `benchmarks/bench_user_collective.py`, old and new code run
-alternately, 3 launches each): at 4 KiB, many per `strategy.run`, nbdist/raw 0.98-1.15x
-against 1.09-1.30x before; one call after a barrier unchanged within the machine's spread
-(1.29-1.36x both) until the gathered path stopped making its buffers per call (Note [Gather
-buffers] in `nbdist.collectives.direct`: 1.09-1.14x). A bare process-group all-gather of
-4 KiB took 311-355 us against the all-reduce's 355-390 us.
+declines) runs the same collective. Used only while the gathered rows fit `GATHER_BYTES`
+(past it the all-reduce's fewer bytes win over its extra steps). The measurements behind
+`GATHER_BYTES`: benchmarks/results/recorded/small-agreed-all-reduces-gather.json
+(`benchmarks/bench_user_collective.py`).
 Imports only torch and nbdist.reduce.
 """
 

@@ -41,16 +41,12 @@ MAX_BUFFER_BYTES = 4 * 1024 * 1024  # gather buffers kept, all layouts together 
 # Note [Gather buffers]: a gathered hot path (Note [Small agreed all-reduces gather]) needs a
 # send buffer (the data, then the trailer), the rows every rank's buffer lands in, each rank's
 # data within them and the trailers' memoryview. Made per call, they cost four torch ops
-# before the collective (`torch.cat`, `torch.empty`, two slices, `.numpy()`), each 10-15 us
-# when the code is cold, as it is on a call timed after a barrier. So each gathered layout
-# keeps them, made once: a call copies its tensor into the send buffer (one op, the trailer
-# stays in place) and combines the rows into a new tensor after the wait (the result never
-# shares the buffers). Stamps in a call after a barrier (gloo, 2 workers on 2 vCPUs, 4 KiB):
-# from `all_reduce_tensor`'s entry to the launch 65-69 us before, 20-22 us after; and the
-# peer, which waits for this rank's launch, waits less too. `bench_user_collective.py`, old
-# and new code run alternately (2 runs of 3 launches each), nbdist/raw at 4 KiB: call by call
-# 1.36x, 1.34x -> 1.14x, 1.09x (per launch 1.27-1.38x -> 1.07-1.19x); many per `run` 0.96x,
-# 0.92x -> 0.86x, 0.81x. Safe because
+# before the collective (`torch.cat`, `torch.empty`, two slices, `.numpy()`), each slow when
+# the code is cold, as it is on a call timed after a barrier; and the peer, which waits for
+# this rank's launch, waits for them too. So each gathered layout keeps them, made once: a
+# call copies its tensor into the send buffer (one op, the trailer stays in place) and
+# combines the rows into a new tensor after the wait (the result never shares the buffers).
+# Measured: benchmarks/results/recorded/gather-buffers.json. Safe because
 # (1) one call at a time uses them: `free` is taken without blocking, and a call that finds it
 # taken (another thread inside) makes its own; (2) a collective that fails drops its layout's
 # buffers (gloo could still write them), as does a group that is released or formed again;
@@ -118,9 +114,8 @@ class Prepared(NamedTuple):
 # the plan, the op, the dtype (compared by identity: dtypes are singletons), the shape, the
 # process group's options; on a CPU group the tensor's device is checked with `is_cpu`, not by
 # building a `torch.device`; and the hot path calls the process group itself, as `start_all_reduce`
-# would for a plain tensor of a real dtype (which the checks guarantee). Against the same path
-# reading `agreed.plan`'s cache and calling `start_all_reduce`, 14-50 us less per 4 KiB call
-# (gloo, 2 vCPUs, 4 launches).
+# would for a plain tensor of a real dtype (which the checks guarantee). Measured against the
+# same path reading `agreed.plan`'s cache: benchmarks/results/recorded/prepared-layouts.json.
 
 
 def prepare(
@@ -148,15 +143,13 @@ def prepare(
     return Prepared(plan, op, dtype, shapes[0], allreduce_options(op, False), buffers)
 
 
-# Note [Trailers after the wait]: the first torch op after a collective's wait costs 10-15 us
-# on a small machine (the main thread wakes with torch's dispatch code and data cold) against
-# ~1 us warm, and raw `dist.all_reduce(t.clone())` runs none. So the gathered hot path keeps
-# a memoryview of the rows' trailers (made with its buffers, Note [Gather buffers]) and reads
-# them after the collective in pure Python: in-process A/B at 4 KiB over `strategy.run`
-# (gloo, 2 workers on 2 vCPUs, 5 launches of 400 calls), 8-27 us less per call (median
-# paired difference; such an A/B flatters both sides alike, the two variants keeping each
-# other's code warm). A memoryview indexes only these dtypes (not float16, bfloat16 or
-# bool): others read with `.tolist()`.
+# Note [Trailers after the wait]: the first torch op after a collective's wait is slow (the
+# main thread wakes with torch's dispatch code and data cold), and raw
+# `dist.all_reduce(t.clone())` runs none. So the gathered hot path keeps a memoryview of the
+# rows' trailers (made with its buffers, Note [Gather buffers]) and reads them after the
+# collective in pure Python (measured: benchmarks/results/recorded/trailers-after-the-wait.json).
+# A memoryview indexes only these dtypes (not float16, bfloat16 or bool): others read with
+# `.tolist()`.
 _MEMORYVIEW_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
 )
@@ -164,8 +157,9 @@ _MEMORYVIEW_DTYPES = frozenset(
 
 # Note [Direct all-reduce]: `dist.all_reduce` is a Python wrapper (a logging decorator, the
 # torch-function check, group lookups, new options every call) around the process group's own
-# `allreduce`; on a one-process gloo group a 4 KiB all-reduce takes ~55 us called directly and
-# 70-80 us through the wrapper. Every all-reduce nbdist runs goes through `start_all_reduce`
+# `allreduce`, and costs a small all-reduce a measurable share of its time
+# (benchmarks/results/recorded/direct-all-reduce.json). Every all-reduce nbdist runs goes
+# through `start_all_reduce`
 # (except the hot path of a prepared layout, Note [Prepared layouts]),
 # which calls `ProcessGroup.allreduce` on the default group with options built once per op,
 # and waits as `dist.all_reduce` does. It takes this path only where the wrapper does nothing

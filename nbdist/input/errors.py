@@ -13,6 +13,7 @@ __all__ = [
     "InputModeError",
     "InputTransformationError",
     "InputTypeError",
+    "StepsExhaustedError",
 ]
 
 
@@ -39,6 +40,17 @@ class InputExhaustedError(NbdistError, RuntimeError):
 
     Example:
         >>> issubclass(InputExhaustedError, RuntimeError)
+        True
+    """
+
+
+class StepsExhaustedError(InputExhaustedError, StopIteration):
+    """`cluster.strategy.run_steps(fn, iterator)` found the iterator exhausted on every engine
+    before its first step: the epoch is over. A `StopIteration` too, as `next()` at the end of
+    data is. Make a new iterator on the engines for the next epoch.
+
+    Example:
+        >>> issubclass(StepsExhaustedError, StopIteration)
         True
     """
 

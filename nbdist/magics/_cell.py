@@ -59,7 +59,12 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
 
         shell = get_ipython()
         if shell is None:
-            raise RuntimeError("%%distribute cells run on ipyparallel engines (IPython kernels).")
+            from nbdist.errors import ContextError
+
+            raise ContextError(
+                "%%distribute cells run on ipyparallel engines (IPython kernels), and this "
+                "process is not one; start them with nd.Cluster(...).start() or %dist start."
+            )
         namespace = shell.user_ns
         _mark_cell_start(filename)
         reset_bars()
@@ -263,7 +268,11 @@ def distribute_cell(
             the one-line message says what each was doing and whether the cluster is usable.
     """
     if output not in OUTPUT_MODES:
-        raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}.")
+        from nbdist.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"output must be one of {OUTPUT_MODES}, got {output!r}; e.g. output='all'."
+        )
     filename = f"<distribute-cell-{next(_counter)}>"
     source = cell_names.numbered_like_the_editor(filename, cell, python_source(cell))
     compile(source, filename, "exec")  # raised once, here, not by every engine

@@ -138,7 +138,9 @@ def partitioner_option(text: str, namespace: dict[str, Any]) -> Any:
         try:
             numbers = [int(part) for part in rest.split(":")]
             if (kind == "fixed" and len(numbers) != 1) or len(numbers) > 2:
-                raise ValueError(f"{len(numbers)} numbers")
+                raise UsageError(
+                    f"%dist start: --variable-partitioner {text!r}: {len(numbers)} numbers; {fix}."
+                )
             return makers[kind](*numbers)
         except ValueError as error:
             raise UsageError(

@@ -14,11 +14,8 @@ Note [CPU buckets]: DDP's small first bucket exists so that a GPU's communicatio
 while backward still computes. On the CPU (gloo) that early start bought nothing in any
 measurement, and a second collective costs its fixed latency: CPU parameters go into buckets of
 `bytes_per_pack` from the first one. A bucket closes once it holds its size or more, as DDP's.
-Measured (MLP 784-512-512-10, 2.7 MB of gradients, 2 gloo workers of one torch thread,
-interleaved in the same processes, per-step medians of 2-3 launches): on 2 cores, one bucket
-7.4-7.6 ms, a 1 MiB first bucket 7.6-8.1 ms, DDP 7.6-8.1 ms; on 16 cores (a GPU machine's
-CPUs), one bucket 5.8-6.3 ms, a 1 MiB first bucket 6.1-6.4 ms, DDP 5.0-5.5 ms (DDP's lead there
-is not its bucketing). A smaller `CommunicationOptions(bytes_per_pack=...)` still splits them.
+Measured on 2 and 16 cores: benchmarks/results/recorded/cpu-buckets.json. A smaller
+`CommunicationOptions(bytes_per_pack=...)` still splits them.
 """
 
 from __future__ import annotations

@@ -124,10 +124,11 @@ class Strategy:
     # `dist.all_reduce(t.clone())` (benchmarks/bench_user_collective.py). What it costs over
     # raw is Python right after a barrier, when caches are cold (the other rank's threads share
     # the 2 cores): the same work written inline in three functions (contexts, trailer copy,
-    # collective, trailer read, telemetry) ran at raw's latency, while the layered path took
-    # ~65 us more at 4 KiB (gloo, 2 vCPUs). Not the number of functions as such (18 extra
-    # trivial ones cost nothing measurable) but the distinct code and data each layer touches:
-    # checks that build objects, cache lookups, wrappers, tree walks. So the path does little:
+    # collective, trailer read, telemetry) ran at raw's latency, while the layered path did not
+    # (benchmarks/results/recorded/calls-per-collective.json). Not the number of functions as
+    # such (trivial extra ones cost nothing measurable) but the distinct code and data each
+    # layer touches: checks that build objects, cache lookups, wrappers, tree walks. So the
+    # path does little:
     # `run` enters the one replica context of a strategy that runs its replica in the caller's
     # thread (`_replica_in_this_thread`) together with the strategy, the context variables'
     # own `get` answers `current_replica_context()`, ops are read from `RESOLVED_OPS`, the

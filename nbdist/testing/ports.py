@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from nbdist.errors import InvalidArgumentError
+
 __all__ = [
     "LOCALHOST",
     "free_port",
@@ -53,7 +55,9 @@ def free_ports(n: int) -> list[int]:
         3
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"free_ports needs a count of at least 1, got {n!r}; pass e.g. 2.")
+        raise InvalidArgumentError(
+            f"free_ports needs a count of at least 1, got {n!r}; pass e.g. 2."
+        )
     sockets: list[socket.socket] = []
     try:
         for _ in range(n):
@@ -95,9 +99,9 @@ def wait_for_listener(port: int, host: str = LOCALHOST, timeout: float = 60.0) -
 
 def _check_rank(rank: int, world_size: int, what: str = "rank") -> None:
     if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int of at least 1, got {world_size!r}.")
+        raise InvalidArgumentError(f"world_size must be an int of at least 1, got {world_size!r}.")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{what} must be an int in [0, {world_size}) for world_size={world_size}, "
             f"got {rank!r}; ranks count from 0."
         )
@@ -105,7 +109,9 @@ def _check_rank(rank: int, world_size: int, what: str = "rank") -> None:
 
 def _check_port(port: int) -> None:
     if not isinstance(port, int) or not 0 < port < 65536:
-        raise ValueError(f"A port must be an int in 1..65535, got {port!r}; use free_port().")
+        raise InvalidArgumentError(
+            f"A port must be an int in 1..65535, got {port!r}; use free_port()."
+        )
 
 
 def torchrun_env(
@@ -169,7 +175,7 @@ def tf_config_env(rank: int, world_size: int, ports: Sequence[int]) -> dict[str,
     _check_rank(rank, world_size)
     ports = list(ports)
     if len(ports) != world_size:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"tf_config_env needs one port per worker: world_size={world_size} but "
             f"{len(ports)} ports were given; pass free_ports({world_size})."
         )

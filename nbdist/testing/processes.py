@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 from nbdist.testing import results as _results
 from nbdist.testing.results import RESULT_ENV
 
@@ -128,7 +129,7 @@ def worker_env(extra: Mapping[str, str]) -> dict[str, str]:
     env.update(_WORKER_DEFAULTS)
     for name, value in extra.items():
         if not isinstance(name, str) or not isinstance(value, str):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"Worker environments map str to str, got {name!r}: {value!r} "
                 f"({type(value).__name__}); write the value as str(value)."
             )
@@ -172,12 +173,14 @@ def run_workers(
         [0, 10]
     """
     if isinstance(envs, Mapping) or not envs:
-        raise ValueError(
+        raise InvalidArgumentError(
             "run_workers needs a non-empty list with one environment mapping per worker, "
             "e.g. [torchrun_env(r, 2, port) for r in range(2)]."
         )
     if not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+        raise InvalidArgumentError(
+            f"timeout must be a positive number of seconds, got {timeout!r}."
+        )
     full_envs = [worker_env(extra) for extra in envs]  # raises before anything starts
     with tempfile.TemporaryDirectory(prefix="nbdist-workers-") as tmp:
         code_path = os.path.join(tmp, "worker_code.py")

@@ -14,6 +14,8 @@ import signal
 import sys
 from typing import Any
 
+from nbdist.errors import ArgumentTypeError, ContextError
+
 __all__ = ["RESULT_ENV", "report"]
 
 RESULT_ENV = "NBDIST_TEST_RESULT"
@@ -47,14 +49,14 @@ def report(obj: Any) -> None:
     """
     path = os.environ.get(RESULT_ENV)
     if not path:
-        raise RuntimeError(
+        raise ContextError(
             f"report() writes to the file named by ${RESULT_ENV}, which is not set; call it "
             f"from code started by nbdist.testing.run_workers, or set {RESULT_ENV} to a path."
         )
     try:
         text = json.dumps(obj, default=_jsonable)
     except (TypeError, ValueError) as err:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"report() takes JSON values, tuples and tensors/arrays (via .tolist()), nested in "
             f"lists and dicts: {err}. Convert the value first, e.g. with float(), str() or list()."
         ) from err

@@ -276,7 +276,9 @@ def source_for(target: Any = None) -> Any:
         return ClusterSource(target)
     if hasattr(target, "extended"):
         return LocalSource(target)
-    raise TypeError(
+    from nbdist.errors import ArgumentTypeError
+
+    raise ArgumentTypeError(
         f"nd.dashboard(target=...) takes a strategy or an nd.Cluster, got "
         f"{type(target).__name__}. Leave it out to show the running cluster or the current "
         "strategy."

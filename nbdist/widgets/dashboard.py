@@ -201,7 +201,9 @@ class Dashboard(ipywidgets.VBox):
         try:
             path.write_bytes(image)
         except OSError as error:
-            raise OSError(
+            from nbdist.errors import FileWriteError
+
+            raise FileWriteError(
                 f"Could not save the dashboard to {str(path)!r}: {error.strerror or error}. "
                 "Choose a folder you can write to, e.g. dashboard.save('dashboard.png')."
             ) from None

@@ -32,6 +32,7 @@ from nbdist.cluster import (
 )
 from nbdist.cluster.plan import make_plan
 from nbdist.errors import BusyError, NbdistError, WorkerLostError
+from nbdist.input.errors import StepsExhaustedError
 
 pytestmark = pytest.mark.cluster
 
@@ -441,8 +442,9 @@ def test_run_steps_runs_several_steps_per_round_trip(cluster):
     assert [float(v) for v in summed.values] == [2.0 + 12.0] * 2  # batch 2 of each replica
     summed, seen = strategy.run_steps(train_step, remote("batches"), steps=10)
     assert seen.values == (5, 5)  # stopped when the data ran out
-    with pytest.raises(StopIteration, match="exhausted"):
+    with pytest.raises(StepsExhaustedError, match=r"exhausted on every engine.*iter\(") as ended:
         strategy.run_steps(train_step, "batches", steps=1)
+    assert isinstance(ended.value, StopIteration)  # what a loop over run_steps stops on
     with pytest.raises(RemoteError, match="needs an iterator"):
         strategy.run_steps(train_step, "remembered")
 

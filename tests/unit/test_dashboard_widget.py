@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import nbdist as nd
+from nbdist.errors import FileWriteError
 from nbdist.widgets import Dashboard
 
 pytest.importorskip("ipywidgets")
@@ -99,8 +100,9 @@ def test_export_trace_writes_chrome_trace_events(trained, tmp_path):
 def test_save_to_an_unwritable_path_names_it(trained, tmp_path):
     _, _, board = trained
     target = tmp_path / "missing-folder" / "dash.png"
-    with pytest.raises(OSError, match="missing-folder"):
+    with pytest.raises(FileWriteError, match="missing-folder") as failed:
         board.save(target)
+    assert isinstance(failed.value, OSError)
 
 
 def test_dashboard_before_any_cluster_shows_the_default_strategy_and_says_how_to_start():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import nbdist as nd
+from nbdist.errors import CheckpointKeyError
 
 AGG = nd.VariableAggregation
 SYNC = nd.VariableSynchronization
@@ -460,8 +461,9 @@ def test_plain_state_dict_round_trip():
 
 def test_load_state_dict_needs_the_value_key():
     v = nd.Variable(1.0)
-    with pytest.raises(KeyError, match=r"one key, 'value'; got \['weights'\]"):
+    with pytest.raises(CheckpointKeyError, match=r"one key, 'value'; got \['weights'\]") as e:
         v.load_state_dict({"weights": torch.tensor(2.0)})
+    assert isinstance(e.value, KeyError) and "state_dict()" in str(e.value)
 
 
 def test_mirrored_state_dict_round_trip_cross_replica():

@@ -64,7 +64,9 @@ def call_steps(payload: bytes, steps: int) -> dict[str, Any]:
         fn = request.function(namespace)
         (iterator,), _ = _resolve((request.args, {}), namespace)
         if not hasattr(iterator, "__next__"):
-            raise TypeError(
+            from nbdist.errors import ArgumentTypeError
+
+            raise ArgumentTypeError(
                 f"run_steps needs an iterator on the engine, but {request.args[0]!r} is a "
                 f"{type(iterator).__name__}. Create one there first, e.g. "
                 "`it = iter(strategy.experimental_distribute_dataset(data))`."

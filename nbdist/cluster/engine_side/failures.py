@@ -45,7 +45,7 @@ def user_traceback(error: BaseException) -> str:
     its message, which the notebook prints after it with the replicas that raised it): no
     frame of nbdist, torch, ipyparallel or IPython, no chained library error (gloo's
     "Connection closed by peer ..." stays in the full traceback). Empty when no frame is the
-    user's.
+    user's. nbdist's frames stay with `NBDIST_SHOW_INTERNAL_FRAMES=1`.
 
     Example (on an engine)::
 
@@ -65,7 +65,7 @@ def user_traceback(error: BaseException) -> str:
 
 def _user_file(filename: str) -> bool:
     seps = (os.sep + "torch" + os.sep, os.sep + "IPython" + os.sep, os.sep + "ipykernel" + os.sep)
-    return not _wire.is_internal(filename) and not any(part in filename for part in seps)
+    return not _wire.cut_from_tracebacks(filename) and not any(part in filename for part in seps)
 
 
 def _collective(reply: dict[str, Any]) -> str:

@@ -47,7 +47,9 @@ def namespace() -> dict[str, Any]:
     """The engine's interactive namespace; an error naming the fix if it was never attached."""
     user_ns = _state["namespace"]
     if user_ns is None:
-        raise RuntimeError(
+        from nbdist.errors import ContextError
+
+        raise ContextError(
             "This engine was not attached to an nbdist Cluster (its namespace is unknown). "
             "Start engines with nd.Cluster(...).start()."
         )
@@ -63,7 +65,9 @@ def strategy() -> Any:
     """The engine's `MultiWorkerMirroredStrategy`; an error naming the fix before `bootstrap`."""
     current = _state["strategy"]
     if current is None:
-        raise RuntimeError(
+        from nbdist.errors import ContextError
+
+        raise ContextError(
             "This engine has no strategy yet: it did not finish joining the cluster. Restart "
             "the cluster with cluster.restart()."
         )

@@ -26,7 +26,12 @@ from typing import Any
 
 import torch
 
-from nbdist.errors import ContextError, InvalidArgumentError, is_nbdist_file
+from nbdist.errors import (
+    ContextError,
+    InvalidArgumentError,
+    is_nbdist_file,
+    show_internal_frames,
+)
 from nbdist.strategies.parameter_server import optimizers
 from nbdist.strategies.parameter_server.closures import VarSpec, loads_closure
 from nbdist.strategies.parameter_server.transport import PSClient
@@ -297,10 +302,11 @@ def _detached(value: Any) -> Any:
 
 
 def _error_reply(error: BaseException) -> dict[str, Any]:
+    internal = show_internal_frames()  # NBDIST_SHOW_INTERNAL_FRAMES=1 keeps nbdist's frames
     frames = [
         frame
         for frame in traceback.extract_tb(error.__traceback__)
-        if not is_nbdist_file(frame.filename)
+        if internal or not is_nbdist_file(frame.filename)
     ]
     text = "".join(traceback.format_list(frames))
     try:
