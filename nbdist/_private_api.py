@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import sys
 import types
@@ -32,10 +33,12 @@ __all__ = [
     "c10d_file",
     "dynamo_frame_hook",
     "foreach",
+    "gloo_options",
     "launcher_has_exited",
     "pytree",
     "queue_backward_callback",
     "skipped_by_dynamo_like",
+    "show_elapsed_and_rate",
     "stop_noting_engine",
     "tensor_version",
     "thread_frames",
@@ -65,6 +68,11 @@ PRIVATE_NAMES: dict[str, str] = {
     "frames now (a compiled function is running); torch.compiler.is_compiling() is True only "
     "while tracing, and a collective's disable wrapper costs ~10 us per call when nothing runs "
     "compiled",
+    "torch.distributed.ProcessGroupGloo._Options": "a gloo group made directly (the "
+    "parameter-server pair, outside init_process_group) with its own timeout and the loopback "
+    "device: ProcessGroupGloo's constructor takes only these options (_timeout, _devices)",
+    "tqdm._time and tqdm._ema_dt": "show another process's elapsed time and rate on a bar "
+    "(an engine's progress drawn in the notebook); tqdm has no public setter for either",
     "torch._dynamo.eval_frame.skip_code and the _torchdynamo_disable* attributes": "make a "
     "wrapper that Dynamo treats exactly as a torch.compiler.disable()d function (graph break "
     "with its reason, frame never traced) without the disable wrapper's per-call cost",
@@ -73,18 +81,39 @@ PRIVATE_NAMES: dict[str, str] = {
 
 def tensor_version(tensor: torch.Tensor) -> int:
     """`tensor._version`: how many in-place writes the tensor (or a view of it) has seen."""
-    return tensor._version
+    return tensor._version  # noqa: SLF001
+
+
+def gloo_options(timeout: datetime.timedelta, loopback: bool) -> Any:
+    """`ProcessGroupGloo._Options` for a group made with `dist.ProcessGroupGloo(store, rank,
+    size, options)`: `timeout` for its collectives, on the loopback device (`loopback`, for a
+    peer on 127.0.0.1) or the host's default one."""
+    gloo = dist.ProcessGroupGloo
+    options = gloo._Options()  # noqa: SLF001
+    options._timeout = timeout  # noqa: SLF001
+    if loopback:
+        options._devices = [gloo.create_device(hostname="127.0.0.1")]  # noqa: SLF001
+    else:
+        options._devices = [gloo.create_default_device()]  # noqa: SLF001
+    return options
+
+
+def show_elapsed_and_rate(bar: Any, elapsed: float) -> None:
+    """Make a tqdm `bar` show `elapsed` seconds and the rate `bar.n / elapsed` (not tqdm's
+    smoothed rate of its own updates): for a bar that mirrors another process's progress."""
+    bar.start_t = bar._time() - elapsed  # noqa: SLF001
+    bar._ema_dt = lambda: None  # noqa: SLF001
 
 
 def queue_backward_callback(callback: Callable[[], None]) -> None:
     """Run `callback` once the current backward pass has finished (call during backward)."""
-    engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+    engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]  # noqa: SLF001
     engine.queue_callback(callback)
 
 
 def thread_frames() -> dict[int, types.FrameType]:
     """`sys._current_frames()`: the innermost frame of every thread, by thread id."""
-    return sys._current_frames()
+    return sys._current_frames()  # noqa: SLF001
 
 
 def c10d_file() -> str:
@@ -95,7 +124,7 @@ def c10d_file() -> str:
     return inspect.unwrap(dist.all_reduce).__code__.co_filename
 
 
-dynamo_frame_hook: Callable[[], Any] = torch._C._dynamo.eval_frame.get_eval_frame_callback
+dynamo_frame_hook: Callable[[], Any] = torch._C._dynamo.eval_frame.get_eval_frame_callback  # noqa: SLF001
 """`dynamo_frame_hook()` is None in plain eager code, where `torch.compiler.disable` has nothing
 to disable, and not None while Dynamo intercepts Python frames (inside a `torch.compile`d
 function, even in its eager parts between graphs). A C function on purpose: called from a frame
