@@ -37,8 +37,8 @@ __all__ = [
     "launcher_has_exited",
     "pytree",
     "queue_backward_callback",
-    "skipped_by_dynamo_like",
     "show_elapsed_and_rate",
+    "skipped_by_dynamo_like",
     "stop_noting_engine",
     "tensor_version",
     "thread_frames",
@@ -107,7 +107,8 @@ def show_elapsed_and_rate(bar: Any, elapsed: float) -> None:
 
 def queue_backward_callback(callback: Callable[[], None]) -> None:
     """Run `callback` once the current backward pass has finished (call during backward)."""
-    engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]  # noqa: SLF001
+    variable = torch.autograd.Variable
+    engine = variable._execution_engine  # type: ignore[attr-defined]  # noqa: SLF001
     engine.queue_callback(callback)
 
 
@@ -124,7 +125,8 @@ def c10d_file() -> str:
     return inspect.unwrap(dist.all_reduce).__code__.co_filename
 
 
-dynamo_frame_hook: Callable[[], Any] = torch._C._dynamo.eval_frame.get_eval_frame_callback  # noqa: SLF001
+_eval_frame = torch._C._dynamo.eval_frame  # noqa: SLF001
+dynamo_frame_hook: Callable[[], Any] = _eval_frame.get_eval_frame_callback
 """`dynamo_frame_hook()` is None in plain eager code, where `torch.compiler.disable` has nothing
 to disable, and not None while Dynamo intercepts Python frames (inside a `torch.compile`d
 function, even in its eager parts between graphs). A C function on purpose: called from a frame

@@ -166,8 +166,8 @@ def _current_replica() -> int:
     from nbdist.strategies.current import get_replica_context
 
     ctx = get_replica_context()
-    strategy = getattr(ctx, "_strategy", None) if ctx is not None else None
-    if ctx is not None and getattr(strategy, "_is_multi_replica", True):
+    # Several replicas in this process: each has its own id; else the engine's replica.
+    if ctx is not None and len(ctx.strategy.extended.worker_devices) > 1:
         return ctx.replica_id_in_sync_group
     return _home["replica"]
 

@@ -417,6 +417,11 @@ class DistributedVariable(DistributedValues, Variable):
         return self._devices or ()
 
     @property
+    def distribute_strategy(self) -> Any:
+        """The strategy that created the variable (as TF's `DistributedVariable`)."""
+        return self._strategy
+
+    @property
     def primary(self) -> Variable:
         """The first component."""
         return self._values[0]

@@ -40,8 +40,10 @@ class Workers:
 
     def __init__(self, strategy: Any | None):
         self.strategy = strategy
-        self.count = int(getattr(strategy, "_num_workers", 1)) if strategy is not None else 1
-        self.index = int(getattr(strategy, "_worker_index", 0)) if strategy is not None else 0
+        # Strategies that are no `Strategy` (a parameter-server worker's) have one worker.
+        placement = getattr(getattr(strategy, "extended", None), "placement", None)
+        self.count = placement.num_workers if placement is not None else 1
+        self.index = placement.worker_index if placement is not None else 0
 
     @classmethod
     def for_objects(cls, objects: dict[str, Any]) -> Workers:
@@ -51,7 +53,11 @@ class Workers:
         replica = context.current_replica_context()
         strategy = replica.strategy if replica is not None else context.current_scope_strategy()
         if strategy is None:
-            owners = [o._strategy for o in objects.values() if isinstance(o, DistributedVariable)]
+            owners = [
+                o.distribute_strategy
+                for o in objects.values()
+                if isinstance(o, DistributedVariable)
+            ]  # fmt: skip
             strategy = owners[0] if owners else live_multi_worker_strategy()
         return cls(strategy)
 

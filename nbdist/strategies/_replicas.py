@@ -354,7 +354,7 @@ def _replicas_for(optimizer: torch.optim.Optimizer) -> tuple[ReplicaParameters, 
     replica = context.current_replica_context()
     if replica is None:
         return None
-    replicas = getattr(replica.strategy, "_replicas", None)
+    replicas = replica.strategy.extended.replicas
     if replicas is None or not replicas.owns_optimizer(optimizer):
         return None
     return replicas, replica.local_replica_index

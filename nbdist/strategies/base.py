@@ -50,6 +50,7 @@ class Strategy:
     _num_workers: int = 1
     _worker_index: int = 0
     _cluster_resolver: Any = None
+    _replicas: Any = None  # in-process strategies: their replicas' parameters (`_replicas`)
 
     def __init__(self) -> None:
         self._options = CommunicationOptions()
@@ -447,6 +448,12 @@ class StrategyExtended:
     def cross_device_ops(self) -> CrossDeviceOps | None:
         """The algorithm that reduces across this worker's devices."""
         return self._strategy._cross_device_ops
+
+    @property
+    def replicas(self) -> Any:
+        """The `ReplicaParameters` (nbdist.strategies._replicas) holding every local replica's
+        copy of the parameters captured in scope; None for one replica per process."""
+        return self._strategy._replicas
 
     # -- WorkerCommunication: the interface of the cross-replica rules (nbdist.placement) ----
     @property
