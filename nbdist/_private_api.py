@@ -31,6 +31,7 @@ __all__ = [
     "FOREACH_OPS",
     "PRIVATE_NAMES",
     "c10d_file",
+    "client_location",
     "dynamo_frame_hook",
     "foreach",
     "gloo_options",
@@ -59,6 +60,8 @@ PRIVATE_NAMES: dict[str, str] = {
     "torch.distributed?); threading and faulthandler give no frame objects",
     "ipyparallel launcher._wait_thread": "whether a launcher's process has exited while "
     "ipyparallel's event loop is not running (its public state changes only on that loop)",
+    "ipyparallel Client._config": "the controller's location (host) as the client read it "
+    "from the connection file; Client has no public accessor for it",
     "ipyparallel IPEngine._signal_stop": "the engine's SIGTERM handler: the only place that "
     "knows the engine is being stopped on purpose, so that a normal stop can exit 0",
     "ipyparallel IPController.save_connection_dict": "replaced (nbdist/cluster/"
@@ -164,6 +167,12 @@ def launcher_has_exited(launcher: Any) -> bool:
     (local processes, mpiexec, engines watched over ssh); False where there is none."""
     thread = getattr(launcher, "_wait_thread", None)
     return thread is not None and not thread.is_alive()
+
+
+def client_location(client: Any) -> str | None:
+    """The controller's `location` (its host, as written in the connection file) that an
+    ipyparallel `Client` connected with; None when not known."""
+    return (getattr(client, "_config", None) or {}).get("location")
 
 
 def stop_noting_engine(

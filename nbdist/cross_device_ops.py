@@ -50,7 +50,9 @@ class CrossDeviceOps:
 
     def __init__(self) -> None:
         self.telemetry: Telemetry | None = None
-        self._num_replicas_hint = 1
+        self.num_replicas_hint = 1
+        """How many replicas a plain (not per-replica) value stands for (set by the strategy:
+        a SUM of a plain tensor over several replicas is refused)."""
         self._replicas_seen = 1
 
     # -- implement these ------------------------------------------------------------------
@@ -132,7 +134,7 @@ class CrossDeviceOps:
                             for k in range(len(columns)))  # fmt: skip
                 pack_bytes = max(1, -(-total // num_packs))
             for pack in _packs(indices, prepared, pack_bytes):
-                reduced = self._reduce_packed(op, [prepared[i][0] for i in pack], devices)
+                reduced = self.reduce_packed(op, [prepared[i][0] for i in pack], devices)
                 for index, per_destination in zip(pack, reduced):
                     results[index] = _as_destination_value(per_destination, devices)
         if prepared:
@@ -156,7 +158,7 @@ class CrossDeviceOps:
         copies = [_copy_to(tensor, device, i > 0) for i, device in enumerate(devices)]
         return _as_destination_value(copies, devices)
 
-    def _reduce_packed(
+    def reduce_packed(
         self, op: ReduceOp, per_value: list[list[torch.Tensor]], devices: tuple[str, ...]
     ) -> list[list[torch.Tensor]]:
         """Reduce several values (each a list of per-replica tensors) through one flat buffer."""
@@ -181,9 +183,9 @@ class CrossDeviceOps:
             return tensors
         tensor = as_reducible(value, "reduce_to")
         refuse_bool(op, (tensor,))
-        if op is ReduceOp.SUM and self._num_replicas_hint > 1:
+        if op is ReduceOp.SUM and self.num_replicas_hint > 1:
             raise InvalidArgumentError(
-                f"A plain tensor cannot be SUM-reduced over {self._num_replicas_hint} replicas: "
+                f"A plain tensor cannot be SUM-reduced over {self.num_replicas_hint} replicas: "
                 "it is not a per-replica value, so the sum is ambiguous. Pass the PerReplica "
                 "value returned by strategy.run, or use MEAN."
             )
@@ -290,7 +292,7 @@ class NcclAllReduce(CrossDeviceOps):
     def _reduce_tensors(self, op, tensors, destinations):
         self.check_devices(destinations)
         if len(tensors) != len(destinations):
-            return ReductionToOneDevice()._reduce_tensors(op, tensors, destinations)
+            return ReductionToOneDevice().reduce_packed(op, [tensors], destinations)[0]
         buffers = [
             t.to(physical_device(d), copy=True) for t, d in zip(tensors, destinations)
         ]  # fmt: skip

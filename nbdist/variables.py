@@ -142,7 +142,7 @@ class _VariableMeta(type):
             strategy = context.current_scope_strategy()
             kwargs = checked_arguments(kwargs, in_strategy=strategy is not None)
             if strategy is not None:
-                return strategy._create_variable(*args, **kwargs)
+                return strategy.extended.create_variable(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
 
@@ -200,6 +200,12 @@ class Variable(metaclass=_VariableMeta):
     def numpy(self) -> Any:
         """The value as a numpy array."""
         return self._read().detach().cpu().clone().numpy()
+
+    def read_value_no_copy(self) -> torch.Tensor:
+        """The current value without a copy: the tensor the variable reads (its own, or the
+        local component's in replica context), so a later write to the variable shows in it.
+        For code that only reads it at once (the strategies, the tensor protocol)."""
+        return self._read()
 
     def _read(self) -> torch.Tensor:
         return self._tensor
@@ -310,12 +316,19 @@ class Variable(metaclass=_VariableMeta):
 
 
 def _read_leaf(variable: Variable) -> torch.Tensor:
-    return variable._read()
+    return variable.read_value_no_copy()
+
+
+def _write_component(component: Variable, value: Any, method: str) -> None:
+    """Write a distributed variable's component through its own `assign`, `assign_add` or
+    `assign_sub` (`method`)."""
+    getattr(component, method)(value)
 
 
 def _as_tensor(value: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     if isinstance(value, (Variable, DistributedValues)):
-        value = torch.as_tensor(value._read() if isinstance(value, Variable) else value.values[0])
+        value = value.read_value_no_copy() if isinstance(value, Variable) else value.values[0]
+        value = torch.as_tensor(value)
     tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     if dtype is not None:
         tensor = tensor.to(dtype)
@@ -454,8 +467,8 @@ class MirroredVariable(DistributedVariable):
     def _read(self) -> torch.Tensor:
         component = self._component_for_replica()
         if component is None:
-            return self.primary._read()
-        tensor = component._read()
+            return self.primary.read_value_no_copy()
+        tensor = component.read_value_no_copy()
         device = self._replica_device()
         return tensor if device is None or tensor.device == device else tensor.to(device)
 
@@ -471,7 +484,7 @@ class MirroredVariable(DistributedVariable):
             if isinstance(value, DistributedValues):
                 value = value.values[0]
             for component in self._values:
-                component._write(value, method)
+                _write_component(component, value, method)
             return self
         if self._aggregation is VariableAggregation.NONE:
             raise InvalidArgumentError(
@@ -496,8 +509,8 @@ class MirroredVariable(DistributedVariable):
             else:
                 op = ReduceOp.SUM if aggregation is VariableAggregation.SUM else ReduceOp.MEAN
                 merged = _same_value_aggregate(op, per_replica, strategy.num_replicas_in_sync)
-            for component in variable._values:
-                component._write(merged, method)
+            for component in variable.values:
+                _write_component(component, merged, method)
 
         replica.merge_call(merge, args=(_as_tensor(value),))
         return self
@@ -507,7 +520,7 @@ class MirroredVariable(DistributedVariable):
         if component is None:
             self._write(value, "assign")
         else:  # every replica restores its own copy of the same checkpoint
-            component._write(value, "assign")
+            component.assign(value)
 
 
 def _same_value_aggregate(op: ReduceOp, value: Any, replicas: int) -> torch.Tensor:
@@ -524,21 +537,22 @@ class SyncOnReadVariable(DistributedVariable):
     def _read(self) -> torch.Tensor:
         component = self._component_for_replica()
         if component is not None:
-            return component._read()
+            return component.read_value_no_copy()
         return self._aggregate()
 
     def _aggregate(self) -> torch.Tensor:
         aggregation = self._aggregation
         strategy = self._strategy
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
-            return strategy.extended.broadcast_from_first(self.primary._read())
+            return strategy.extended.broadcast_from_first(self.primary.read_value_no_copy())
         if aggregation is VariableAggregation.NONE:
             raise InvalidArgumentError(
                 f"SyncOnReadVariable {self._name!r} has aggregation NONE, so it has no "
                 "cross-replica value. Read it inside strategy.run, or create it with "
                 "aggregation SUM, MEAN or ONLY_FIRST_REPLICA."
             )
-        tensors = [c._read().to(self.primary._read().device) for c in self._values]
+        device = self.primary.read_value_no_copy().device
+        tensors = [c.read_value_no_copy().to(device) for c in self._values]
         total = strategy.extended.across_workers(ReduceOp.SUM, ReduceOp.SUM.combine(tensors))
         if aggregation is VariableAggregation.SUM:
             return total
@@ -549,7 +563,7 @@ class SyncOnReadVariable(DistributedVariable):
     def _write(self, value: Any, method: str) -> Variable:
         component = self._component_for_replica()
         if component is not None:
-            component._write(value, method)
+            _write_component(component, value, method)
             return self
         if isinstance(value, PerReplica):
             raise InvalidArgumentError(
@@ -564,12 +578,12 @@ class SyncOnReadVariable(DistributedVariable):
                     f"{method} in cross-replica context (as in TensorFlow): the increment would "
                     "be counted once per replica. Use assign, or do it inside strategy.run."
                 )
-            ids = self._strategy._local_replica_ids
+            ids = self._strategy.extended.placement.local_replica_ids
             for replica_id, component in zip(ids, self._values):
-                component._write(self._sum_share(value, replica_id), method)
+                _write_component(component, self._sum_share(value, replica_id), method)
             return self
         for component in self._values:
-            component._write(value, method)
+            _write_component(component, value, method)
         return self
 
     def _sum_share(self, value: Any, replica_id: int) -> torch.Tensor:
@@ -595,7 +609,7 @@ class SyncOnReadVariable(DistributedVariable):
             replica = context.current_replica_context()
             replica_id = replica.replica_id_in_sync_group if replica is not None else 0
             value = self._sum_share(value, replica_id)
-        component._write(value, "assign")
+        component.assign(value)
 
     def _checkpoint_value(self) -> torch.Tensor:
         replica = context.current_replica_context()
@@ -667,7 +681,7 @@ def create_distributed_variable(
         for k, device in enumerate(devices)
     ]  # fmt: skip
     if broadcast is not None and not on_read:
-        broadcast([component._tensor for component in components])
+        broadcast([component.read_value_no_copy() for component in components])
     kind = SyncOnReadVariable if on_read else MirroredVariable
     return kind(
         strategy, components, tuple(devices), name=name, trainable=trainable,

@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
+from nbdist._private_api import client_location
 from nbdist.cluster import _wire
 from nbdist.cluster.calls import call_engines, interrupt_note, reply_ok
 from nbdist.cluster.engine_side import health, joining
@@ -525,7 +526,7 @@ class Cluster:
         """The controller's address as engines reach it (they report their own from it)."""
         if self._settings.controller_ip == "127.0.0.1":
             return "127.0.0.1"
-        location = (getattr(self._client, "_config", None) or {}).get("location")
+        location = client_location(self._client)
         return str(location or socket.gethostname())
 
     # -- calling --------------------------------------------------------------------------

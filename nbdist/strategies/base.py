@@ -449,6 +449,11 @@ class StrategyExtended:
         """The algorithm that reduces across this worker's devices."""
         return self._strategy._cross_device_ops
 
+    def create_variable(self, *args: Any, **kwargs: Any) -> Any:
+        """The variable `nd.Variable(*args, **kwargs)` makes in this strategy's scope (a
+        `MirroredVariable`, `SyncOnReadVariable`, ps variable, … ; arguments checked)."""
+        return self._strategy._create_variable(*args, **kwargs)
+
     @property
     def replicas(self) -> Any:
         """The `ReplicaParameters` (nbdist.strategies._replicas) holding every local replica's
@@ -487,7 +492,7 @@ class StrategyExtended:
             ops = ReductionToOneDevice()
             ops.telemetry = s._telemetry
             s._cross_device_ops = ops
-        ops._num_replicas_hint = s.num_replicas_in_sync
+        ops.num_replicas_hint = s.num_replicas_in_sync
         return ops
 
     def communication_options(self, override: Any = None) -> CommunicationOptions:

@@ -77,7 +77,7 @@ class LocalStrategy(Strategy):
         if cross_device_ops is not None:
             cross_device_ops.check_devices(devices)
             cross_device_ops.telemetry = self._telemetry
-            cross_device_ops._num_replicas_hint = len(devices)
+            cross_device_ops.num_replicas_hint = len(devices)
         self._group = LocalGroup(
             len(devices), timeout=self._options.timeout, telemetry=self._telemetry
         )
@@ -308,7 +308,7 @@ class LocalStrategy(Strategy):
             for i, column in enumerate(per_value):
                 groups.setdefault(column[0].dtype, []).append(i)
             for indices in groups.values():
-                reduced = ops._reduce_packed(op, [per_value[i] for i in indices], onto)
+                reduced = ops.reduce_packed(op, [per_value[i] for i in indices], onto)
                 for i, per_device in zip(indices, reduced):
                     for r, tensor in enumerate(per_device):
                         out[r][i] = tensor

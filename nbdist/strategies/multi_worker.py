@@ -222,11 +222,19 @@ class MultiWorkerMirroredStrategy(Strategy):
             else None
         )
         self._warned_outside = False
-        self._cross_device_ops = _WorkerReduction(self)
+        self._cross_device_ops = _WorkerReduction(
+            self._across_workers, self._group, self._compression
+        )
         self._cross_device_ops.telemetry = self._telemetry
         if self._group is not None:
             _install_outside_scope_check()
             _live[id(self)] = self
+
+    @property
+    def process_group(self) -> DistGroup | None:
+        """The workers' process group (`nbdist.collectives.torch_dist.DistGroup`); None for
+        one worker."""
+        return self._group
 
     @property
     def process_group_backend(self) -> str:
@@ -486,7 +494,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         """(wall time, replicas identical, message) of the newest replica check, if any."""
         return self._telemetry.replica_check
 
-    def _after_optimizer_step(self) -> None:
+    def count_optimizer_step(self) -> None:
+        """Count an optimizer step over this strategy's parameters (nbdist's optimizer hook
+        calls it after each) and run the replica check every `replica_check_every` steps."""
         if _live.get(id(self)) is not self:  # shut down: no group to check over
             return
         self._steps += 1
@@ -494,9 +504,11 @@ class MultiWorkerMirroredStrategy(Strategy):
         if every and self._steps % every == 0:
             self.check_replicas_identical(f"after optimizer step {self._steps}")
 
-    def _owns_parameters(self, params: list[torch.Tensor]) -> bool:
+    def owns_parameters(self, params: list[torch.Tensor]) -> bool:
+        """True when one of `params` was created in this strategy's scope (its gradients are
+        averaged across the workers in every backward)."""
         buckets = self._buckets
-        return buckets is not None and any(id(p) in buckets._where for p in params)
+        return buckets is not None and buckets.holds_any(params)
 
     def warn_if_not_captured(self, params: list[torch.Tensor]) -> None:
         """Warn once when parameters made outside `scope()` are trained inside `run`."""
@@ -520,9 +532,16 @@ class _WorkerReduction(CrossDeviceOps):
 
     implementation_name = "torch.distributed"
 
-    def __init__(self, strategy: MultiWorkerMirroredStrategy):
+    def __init__(
+        self,
+        across_workers: Callable[[ReduceOp, torch.Tensor], torch.Tensor],
+        group: DistGroup | None,
+        compression: Callable[[Any], str | None],
+    ):
         super().__init__()
-        self._strategy = strategy
+        self._across_workers = across_workers  # the strategy's checked all-reduce
+        self._group = group
+        self._compression = compression  # options -> the compression to use
 
     def _local(self, op: ReduceOp, value: Any) -> torch.Tensor:
         if isinstance(value, DistributedValues):
@@ -535,19 +554,19 @@ class _WorkerReduction(CrossDeviceOps):
 
     def _reduce_tensors(self, op, tensors, destinations):
         local = op.combine(tensors) if len(tensors) > 1 else tensors[0]
-        return [self._strategy._across_workers(op, local)]
+        return [self._across_workers(op, local)]
 
     def reduce(self, reduce_op, per_replica_value, destinations, options=None):
         op = ReduceOp.from_value(reduce_op)
-        return self._strategy._across_workers(op, self._local(op, per_replica_value))
+        return self._across_workers(op, self._local(op, per_replica_value))
 
     def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
         op = ReduceOp.from_value(reduce_op)
         local = [self._local(op, value) for value, _ in value_destination_pairs]
-        group = self._strategy._group
+        group = self._group
         if group is None or not local:
             return local
-        return group.all_reduce(local, op, compression=self._strategy._compression(options))
+        return group.all_reduce(local, op, compression=self._compression(options))
 
 
 def _install_outside_scope_check() -> None:
@@ -577,12 +596,12 @@ def _count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
     known = _owner.get(optimizer)
     if known is None or known[0] != count:
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        found = next((s for s in _live.values() if s._owns_parameters(params)), None)
+        found = next((s for s in _live.values() if s.owns_parameters(params)), None)
         known = (count, weakref.ref(found) if found is not None else None)
         _owner[optimizer] = known
     strategy = known[1]() if known[1] is not None else None
     if strategy is not None:
-        strategy._after_optimizer_step()
+        strategy.count_optimizer_step()
 
 
 def _refuse_ddp(module: torch.nn.Module, name: str, submodule: Any) -> None:
@@ -592,7 +611,7 @@ def _refuse_ddp(module: torch.nn.Module, name: str, submodule: Any) -> None:
     if submodule is None or ddp is None or not isinstance(module, ddp.DistributedDataParallel):
         return
     params = list(submodule.parameters())
-    if any(s._owns_parameters(params) for s in list(_live.values())):
+    if any(s.owns_parameters(params) for s in list(_live.values())):
         raise RedundantDDPError(
             "DistributedDataParallel(model) wraps a model created in strategy.scope(): nbdist "
             "already averages its gradients across the workers in every backward (inside "

@@ -23,7 +23,7 @@ def test_every_listed_name_is_checked_here():
         "torch._foreach_add/_add_/_div_/_mul/_mul_/_maximum/_minimum/_copy_",
         "torch.autograd.Variable._execution_engine.queue_callback",
         "ipyparallel launcher._wait_thread", "ipyparallel IPEngine._signal_stop",
-        "ipyparallel IPController.save_connection_dict",
+        "ipyparallel IPController.save_connection_dict", "ipyparallel Client._config",
 
 
         "torch._C._dynamo.eval_frame.get_eval_frame_callback",
@@ -153,6 +153,20 @@ def test_ipyparallel_launchers_keep_their_wait_thread():
     done.join(30)
     Launcher._wait_thread = done
     assert private.launcher_has_exited(Launcher()) is True
+
+
+def test_ipyparallel_client_keeps_its_connection_config():
+    client = pytest.importorskip("ipyparallel.client.client")
+    source = inspect.getsource(client.Client.__init__)
+    assert "self._config = cfg" in source, "ipyparallel Client no longer keeps _config"
+    assert "location" in inspect.getsource(client.Client), "Client._config has no location"
+
+    class Client:
+        def __init__(self):
+            self._config = {"location": "10.0.0.5"}
+
+    assert private.client_location(Client()) == "10.0.0.5"
+    assert private.client_location(None) is None
 
 
 def test_ipyparallel_engine_keeps_its_sigterm_handler():
