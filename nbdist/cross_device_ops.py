@@ -239,6 +239,13 @@ class ReductionToOneDevice(CrossDeviceOps):
         return [_copy_to(reduced, device, i > 0) for i, device in enumerate(destinations)]
 
 
+def _checked_num_packs(num_packs: Any) -> int:
+    """`num_packs` of an all-reduce algorithm, refused unless a positive whole number."""
+    if not isinstance(num_packs, int) or num_packs < 1:
+        raise InvalidArgumentError(f"num_packs must be a positive whole number, got {num_packs!r}.")
+    return num_packs
+
+
 class HierarchicalCopyAllReduce(ReductionToOneDevice):
     """Reduction through one device, with batched values split into `num_packs` packs.
 
@@ -250,12 +257,8 @@ class HierarchicalCopyAllReduce(ReductionToOneDevice):
     implementation_name = "hierarchical_copy"
 
     def __init__(self, num_packs: int = 1):
-        if not isinstance(num_packs, int) or num_packs < 1:
-            raise InvalidArgumentError(
-                f"num_packs must be a positive whole number, got {num_packs!r}."
-            )
         super().__init__()
-        self.num_packs = num_packs
+        self.num_packs = _checked_num_packs(num_packs)
 
 
 class NcclAllReduce(CrossDeviceOps):
@@ -272,12 +275,8 @@ class NcclAllReduce(CrossDeviceOps):
     implementation_name = "nccl"
 
     def __init__(self, num_packs: int = 1):
-        if not isinstance(num_packs, int) or num_packs < 1:
-            raise InvalidArgumentError(
-                f"num_packs must be a positive whole number, got {num_packs!r}."
-            )
         super().__init__()
-        self.num_packs = num_packs
+        self.num_packs = _checked_num_packs(num_packs)
 
     def check_devices(self, devices: Sequence[str]) -> None:
         """Raise `ValueError` unless every device is a CUDA GPU."""

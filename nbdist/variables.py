@@ -7,11 +7,8 @@ operations, reading the local component in replica context. Imports core modules
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import enum
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,9 +17,16 @@ from nbdist import context
 from nbdist._private_api import pytree
 from nbdist.devices import physical_device
 from nbdist.errors import InvalidArgumentError
-from nbdist.names import member_by_name
 from nbdist.reduce import ReduceOp
-from nbdist.values import DistributedValues, PerReplica
+from nbdist.values import DistributedValues, PerReplica, register_variable_type
+from nbdist.variable_options import (
+    VariableAggregation,
+    VariableSynchronization,
+    checked_arguments,
+    colocated_with,
+    colocation_devices,
+    option_member,
+)
 
 __all__ = [
     "MirroredVariable",
@@ -30,110 +34,13 @@ __all__ = [
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",
+    "checked_arguments",
     "colocated_with",
+    "colocation_devices",
     "create_distributed_variable",
+    "option_member",
     "single_variable",
 ]
-
-
-class VariableSynchronization(enum.Enum):
-    """When a distributed variable's components are synchronised (TF's names)."""
-
-    AUTO = "AUTO"
-    NONE = "NONE"
-    ON_WRITE = "ON_WRITE"
-    ON_READ = "ON_READ"
-
-
-class VariableAggregation(enum.Enum):
-    """How replicas' writes (mirrored) or components (sync-on-read) are combined."""
-
-    NONE = "NONE"
-    SUM = "SUM"
-    MEAN = "MEAN"
-    ONLY_FIRST_REPLICA = "ONLY_FIRST_REPLICA"
-
-
-def _enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
-    member = member_by_name(cls, value)
-    if member is not None:
-        return member
-    raise InvalidArgumentError(f"Unknown {what} {value!r}; choose one of {[m.name for m in cls]}.")
-
-
-_colocate_devices: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
-    "nbdist_colocate_devices", default=None
-)
-
-
-@contextlib.contextmanager
-def colocated_with(variable: Any) -> Iterator[None]:
-    """Variables created inside land on the devices of `variable` (`colocate_vars_with`)."""
-    devices = getattr(variable, "devices", None)
-    if not devices:
-        raise InvalidArgumentError(
-            f"colocate_vars_with needs a variable created in strategy.scope(), got {variable!r}."
-        )
-    token = _colocate_devices.set(tuple(devices))
-    try:
-        yield
-    finally:
-        _colocate_devices.reset(token)
-
-
-def colocation_devices() -> tuple[str, ...] | None:
-    """The devices set by an active `colocate_vars_with`, if any."""
-    return _colocate_devices.get()
-
-
-_ACCEPTED = ("initial_value", "trainable", "synchronization", "aggregation", "name", "dtype")
-# TensorFlow's other `tf.Variable` arguments: accepted only at the value that changes nothing.
-_TF_ONLY = {
-    "validate_shape": (True, "variables take the shape of their initial value"),
-    "shape": (None, "variables take the shape of their initial value"),
-    "caching_device": (None, "there is no variable caching"),
-    "constraint": (None, "apply the constraint after the optimizer step instead"),
-    "variable_def": (None, "there are no graph protos"),
-    "import_scope": (None, "there are no graph protos"),
-    "experimental_enable_variable_lifting": (True, "there is no graph to lift from"),
-}
-
-
-def checked_arguments(kwargs: dict[str, Any], in_strategy: bool) -> dict[str, Any]:
-    """`kwargs` of `nd.Variable(...)` without TensorFlow's no-op arguments; any other argument
-    nbdist does not support is refused by name (never swallowed).
-
-    Example:
-        >>> checked_arguments({"name": "w", "validate_shape": True}, in_strategy=False)
-        {'name': 'w'}
-    """
-    from nbdist.errors import UnknownArgumentError, UnsupportedOptionError
-
-    out = {}
-    for key, value in kwargs.items():
-        if key in _ACCEPTED or (key == "device" and not in_strategy):
-            out[key] = value
-        elif key == "device":
-            raise UnsupportedOptionError(
-                f"nd.Variable got device={value!r} inside a strategy's scope, where the "
-                "strategy places variables. Remove device=, use "
-                "strategy.extended.colocate_vars_with(other_variable), or create the variable "
-                "outside the scope."
-            )
-        elif key in _TF_ONLY:
-            no_op, why = _TF_ONLY[key]
-            if value is no_op or (isinstance(no_op, bool) and value == no_op):
-                continue
-            raise UnsupportedOptionError(
-                f"nd.Variable got {key}={value!r}, a TensorFlow argument nbdist does not "
-                f"support ({why}). Remove {key}=."
-            )
-        else:
-            accepted = ", ".join([*_ACCEPTED, "device"])
-            raise UnknownArgumentError(
-                f"nd.Variable got an unexpected argument {key!r}. It accepts: {accepted}."
-            )
-    return out
 
 
 class _VariableMeta(type):
@@ -161,8 +68,6 @@ class Variable(metaclass=_VariableMeta):
         tensor(6.)
     """
 
-    _is_distributed_variable = False
-
     def __init__(
         self,
         initial_value: Any,
@@ -173,9 +78,9 @@ class Variable(metaclass=_VariableMeta):
         dtype: torch.dtype | None = None,
         device: str | None = None,
     ):
-        sync = _enum(VariableSynchronization, synchronization, "synchronization")
+        sync = option_member(VariableSynchronization, synchronization, "synchronization")
         self._synchronization = sync
-        self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
+        self._aggregation = option_member(VariableAggregation, aggregation, "aggregation")
         self._trainable = (
             (sync is not VariableSynchronization.ON_READ)
             if trainable is None
@@ -400,10 +305,9 @@ for _name in ("neg", "pos", "abs"):
 Variable.__getitem__ = _delegate(operator.getitem)
 
 
+@register_variable_type
 class DistributedVariable(DistributedValues, Variable):
     """A variable with one component (a single-device `Variable`) per device."""
-
-    _is_distributed_variable = True
 
     def __init__(
         self,
@@ -659,8 +563,8 @@ def create_distributed_variable(
     Raises:
         ValueError: `synchronization=NONE`, which a multi-replica strategy cannot keep in sync.
     """
-    sync = _enum(VariableSynchronization, synchronization, "synchronization")
-    agg = _enum(VariableAggregation, aggregation, "aggregation")
+    sync = option_member(VariableSynchronization, synchronization, "synchronization")
+    agg = option_member(VariableAggregation, aggregation, "aggregation")
     name = name or "Variable"
     if sync is VariableSynchronization.NONE:
         raise InvalidArgumentError(

@@ -27,7 +27,7 @@ import torch
 from nbdist import context
 from nbdist.cluster_resolver import ClusterSpec
 from nbdist.errors import ArgumentTypeError, ClusterConfigError, ContextError
-from nbdist.strategies.base import Strategy
+from nbdist.strategies.base import Strategy, module_registration_hooks
 from nbdist.strategies.parameter_server.closures import VarSpec
 from nbdist.strategies.parameter_server.placement import Shard, check_partition, shard_rows
 from nbdist.strategies.parameter_server.variables import PSVariable, ShardStore
@@ -132,10 +132,6 @@ class ParameterServerStrategy(Strategy):
     # -- scope: variables and module parameters go to the ps tasks ---------------------------
     @contextlib.contextmanager
     def _scope_hooks(self) -> Iterator[None]:
-        if self._scope_depth > 1:
-            yield
-            return
-        register = torch.nn.modules.module
         fresh: list[tuple[str, torch.nn.Parameter]] = []
 
         def capture(module: torch.nn.Module, name: str, tensor: Any) -> None:
@@ -150,11 +146,10 @@ class ParameterServerStrategy(Strategy):
                     (tensor, self._reserve(tensor, name, "parameter", tensor.requires_grad))
                 )
 
-        handle = register.register_module_parameter_registration_hook(capture)
         try:
-            yield
+            with module_registration_hooks(capture, buffers=False, submodules=False):
+                yield
         finally:
-            handle.remove()
             for param, spec in fresh:
                 self.store.assign(spec, param.detach())
 
@@ -171,16 +166,20 @@ class ParameterServerStrategy(Strategy):
         if callable(initial_value):
             initial_value = initial_value()
         value = torch.as_tensor(initial_value, dtype=dtype).detach().cpu().clone()
-        from nbdist.variables import VariableAggregation, VariableSynchronization, _enum
+        from nbdist.variable_options import (
+            VariableAggregation,
+            VariableSynchronization,
+            option_member,
+        )
 
-        sync = _enum(VariableSynchronization, synchronization or "AUTO", "synchronization")
+        sync = option_member(VariableSynchronization, synchronization or "AUTO", "synchronization")
         on_read = sync is VariableSynchronization.ON_READ
         trainable = (not on_read) if trainable is None else bool(trainable)
         # One copy on the ps, which every worker's updates change: read on the chief it is
         # the sum of the workers' updates (the aggregate a sync-on-read variable promises).
         options = {
             "synchronization": sync if on_read else VariableSynchronization.ON_WRITE,
-            "aggregation": _enum(VariableAggregation, aggregation or "NONE", "aggregation"),
+            "aggregation": option_member(VariableAggregation, aggregation or "NONE", "aggregation"),
         }
         return self._place(value, name or "Variable", "variable", trainable, options)
 
