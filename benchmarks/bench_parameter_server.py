@@ -126,7 +126,7 @@ def fetch(trials: int, bulk_trials: int, inner: int) -> dict[str, Any]:
 
                 # What a worker does before each function: the same request, received into
                 # the buffer of its previous read (internal API: workers are not scripted).
-                client = strategy._client(0)
+                client = strategy.store.client(0)
                 shard = variable.variables[0]._ps_id
                 reused = [torch.empty(FETCH_BYTES // 4)]
 

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import sys
 import types
@@ -30,11 +31,14 @@ __all__ = [
     "FOREACH_OPS",
     "PRIVATE_NAMES",
     "c10d_file",
+    "client_location",
     "dynamo_frame_hook",
     "foreach",
+    "gloo_options",
     "launcher_has_exited",
     "pytree",
     "queue_backward_callback",
+    "show_elapsed_and_rate",
     "skipped_by_dynamo_like",
     "stop_noting_engine",
     "tensor_version",
@@ -56,6 +60,8 @@ PRIVATE_NAMES: dict[str, str] = {
     "torch.distributed?); threading and faulthandler give no frame objects",
     "ipyparallel launcher._wait_thread": "whether a launcher's process has exited while "
     "ipyparallel's event loop is not running (its public state changes only on that loop)",
+    "ipyparallel Client._config": "the controller's location (host) as the client read it "
+    "from the connection file; Client has no public accessor for it",
     "ipyparallel IPEngine._signal_stop": "the engine's SIGTERM handler: the only place that "
     "knows the engine is being stopped on purpose, so that a normal stop can exit 0",
     "ipyparallel IPController.save_connection_dict": "replaced (nbdist/cluster/"
@@ -65,6 +71,11 @@ PRIVATE_NAMES: dict[str, str] = {
     "frames now (a compiled function is running); torch.compiler.is_compiling() is True only "
     "while tracing, and a collective's disable wrapper costs ~10 us per call when nothing runs "
     "compiled",
+    "torch.distributed.ProcessGroupGloo._Options": "a gloo group made directly (the "
+    "parameter-server pair, outside init_process_group) with its own timeout and the loopback "
+    "device: ProcessGroupGloo's constructor takes only these options (_timeout, _devices)",
+    "tqdm._time and tqdm._ema_dt": "show another process's elapsed time and rate on a bar "
+    "(an engine's progress drawn in the notebook); tqdm has no public setter for either",
     "torch._dynamo.eval_frame.skip_code and the _torchdynamo_disable* attributes": "make a "
     "wrapper that Dynamo treats exactly as a torch.compiler.disable()d function (graph break "
     "with its reason, frame never traced) without the disable wrapper's per-call cost",
@@ -73,18 +84,40 @@ PRIVATE_NAMES: dict[str, str] = {
 
 def tensor_version(tensor: torch.Tensor) -> int:
     """`tensor._version`: how many in-place writes the tensor (or a view of it) has seen."""
-    return tensor._version
+    return tensor._version  # noqa: SLF001
+
+
+def gloo_options(timeout: datetime.timedelta, loopback: bool) -> Any:
+    """`ProcessGroupGloo._Options` for a group made with `dist.ProcessGroupGloo(store, rank,
+    size, options)`: `timeout` for its collectives, on the loopback device (`loopback`, for a
+    peer on 127.0.0.1) or the host's default one."""
+    gloo = dist.ProcessGroupGloo
+    options = gloo._Options()  # noqa: SLF001
+    options._timeout = timeout  # noqa: SLF001
+    if loopback:
+        options._devices = [gloo.create_device(hostname="127.0.0.1")]  # noqa: SLF001
+    else:
+        options._devices = [gloo.create_default_device()]  # noqa: SLF001
+    return options
+
+
+def show_elapsed_and_rate(bar: Any, elapsed: float) -> None:
+    """Make a tqdm `bar` show `elapsed` seconds and the rate `bar.n / elapsed` (not tqdm's
+    smoothed rate of its own updates): for a bar that mirrors another process's progress."""
+    bar.start_t = bar._time() - elapsed  # noqa: SLF001
+    bar._ema_dt = lambda: None  # noqa: SLF001
 
 
 def queue_backward_callback(callback: Callable[[], None]) -> None:
     """Run `callback` once the current backward pass has finished (call during backward)."""
-    engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+    variable = torch.autograd.Variable
+    engine = variable._execution_engine  # type: ignore[attr-defined]  # noqa: SLF001
     engine.queue_callback(callback)
 
 
 def thread_frames() -> dict[int, types.FrameType]:
     """`sys._current_frames()`: the innermost frame of every thread, by thread id."""
-    return sys._current_frames()
+    return sys._current_frames()  # noqa: SLF001
 
 
 def c10d_file() -> str:
@@ -95,7 +128,8 @@ def c10d_file() -> str:
     return inspect.unwrap(dist.all_reduce).__code__.co_filename
 
 
-dynamo_frame_hook: Callable[[], Any] = torch._C._dynamo.eval_frame.get_eval_frame_callback
+_eval_frame = torch._C._dynamo.eval_frame  # noqa: SLF001
+dynamo_frame_hook: Callable[[], Any] = _eval_frame.get_eval_frame_callback
 """`dynamo_frame_hook()` is None in plain eager code, where `torch.compiler.disable` has nothing
 to disable, and not None while Dynamo intercepts Python frames (inside a `torch.compile`d
 function, even in its eager parts between graphs). A C function on purpose: called from a frame
@@ -133,6 +167,12 @@ def launcher_has_exited(launcher: Any) -> bool:
     (local processes, mpiexec, engines watched over ssh); False where there is none."""
     thread = getattr(launcher, "_wait_thread", None)
     return thread is not None and not thread.is_alive()
+
+
+def client_location(client: Any) -> str | None:
+    """The controller's `location` (its host, as written in the connection file) that an
+    ipyparallel `Client` connected with; None when not known."""
+    return (getattr(client, "_config", None) or {}).get("location")
 
 
 def stop_noting_engine(

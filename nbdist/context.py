@@ -76,9 +76,19 @@ def enter_strategy(strategy: Strategy) -> Iterator[None]:
             f"while the scope of {type(active).__name__} is active. Leave the first strategy's "
             "scope (or experimental_set_strategy(None)) before using another one."
         )
+    with _entered(strategy, None, merging=False):
+        yield
+
+
+@contextlib.contextmanager
+def _entered(
+    strategy: Strategy | None, replica_context: ReplicaContext | None, *, merging: bool
+) -> Iterator[None]:
+    """Set the three context variables (strategy, replica context, in a merge call), and
+    reset them on exit."""
     strategy_token = _scope_strategy.set(strategy)
-    replica_token = _replica_context.set(None)
-    merging_token = _merging.set(False)
+    replica_token = _replica_context.set(replica_context)
+    merging_token = _merging.set(merging)
     try:
         yield
     finally:
@@ -107,20 +117,15 @@ def reset(tokens: tuple[Any, Any]) -> None:
     _scope_strategy.reset(tokens[0])
 
 
-@contextlib.contextmanager
-def enter_replica_context(replica_context: ReplicaContext | None) -> Iterator[None]:
-    """Enter a replica's context (or, with None, cross-replica context for a `merge_call`)."""
-    strategy_token = _scope_strategy.set(
+def enter_replica_context(
+    replica_context: ReplicaContext | None,
+) -> contextlib.AbstractContextManager[None]:
+    """Enter a replica's context (or, with None, cross-replica context for a `merge_call`);
+    use it in a `with` statement at once."""
+    strategy = (
         replica_context.strategy if replica_context is not None else current_scope_strategy()
     )
-    replica_token = _replica_context.set(replica_context)
-    merging_token = _merging.set(replica_context is None)
-    try:
-        yield
-    finally:
-        _merging.reset(merging_token)
-        _replica_context.reset(replica_token)
-        _scope_strategy.reset(strategy_token)
+    return _entered(strategy, replica_context, merging=replica_context is None)
 
 
 def set_strategy(strategy: Strategy | None) -> None:

@@ -68,7 +68,9 @@ class CrossDeviceOps:
 
     def __init__(self) -> None:
         self.telemetry: Recorder | None = None
-        self._num_replicas_hint = 1
+        self.num_replicas_hint = 1
+        """How many replicas a plain (not per-replica) value stands for (set by the strategy:
+        a SUM of a plain tensor over several replicas is refused)."""
         self._replicas_seen = 1
 
     # -- implement these ------------------------------------------------------------------
@@ -150,7 +152,7 @@ class CrossDeviceOps:
                             for k in range(len(columns)))  # fmt: skip
                 pack_bytes = max(1, -(-total // num_packs))
             for pack in _packs(indices, prepared, pack_bytes):
-                reduced = self._reduce_packed(op, [prepared[i][0] for i in pack], devices)
+                reduced = self.reduce_packed(op, [prepared[i][0] for i in pack], devices)
                 for index, per_destination in zip(pack, reduced):
                     results[index] = _as_destination_value(per_destination, devices)
         if prepared:
@@ -174,7 +176,7 @@ class CrossDeviceOps:
         copies = [_copy_to(tensor, device, i > 0) for i, device in enumerate(devices)]
         return _as_destination_value(copies, devices)
 
-    def _reduce_packed(
+    def reduce_packed(
         self, op: ReduceOp, per_value: list[list[torch.Tensor]], devices: tuple[str, ...]
     ) -> list[list[torch.Tensor]]:
         """Reduce several values (each a list of per-replica tensors) through one flat buffer."""
@@ -199,9 +201,9 @@ class CrossDeviceOps:
             return tensors
         tensor = as_reducible(value, "reduce_to")
         refuse_bool(op, (tensor,))
-        if op is ReduceOp.SUM and self._num_replicas_hint > 1:
+        if op is ReduceOp.SUM and self.num_replicas_hint > 1:
             raise InvalidArgumentError(
-                f"A plain tensor cannot be SUM-reduced over {self._num_replicas_hint} replicas: "
+                f"A plain tensor cannot be SUM-reduced over {self.num_replicas_hint} replicas: "
                 "it is not a per-replica value, so the sum is ambiguous. Pass the PerReplica "
                 "value returned by strategy.run, or use MEAN."
             )
@@ -255,6 +257,13 @@ class ReductionToOneDevice(CrossDeviceOps):
         return [_copy_to(reduced, device, i > 0) for i, device in enumerate(destinations)]
 
 
+def _checked_num_packs(num_packs: Any) -> int:
+    """`num_packs` of an all-reduce algorithm, refused unless a positive whole number."""
+    if not isinstance(num_packs, int) or num_packs < 1:
+        raise InvalidArgumentError(f"num_packs must be a positive whole number, got {num_packs!r}.")
+    return num_packs
+
+
 class HierarchicalCopyAllReduce(ReductionToOneDevice):
     """Reduction through one device, with batched values split into `num_packs` packs.
 
@@ -266,12 +275,8 @@ class HierarchicalCopyAllReduce(ReductionToOneDevice):
     implementation_name = "hierarchical_copy"
 
     def __init__(self, num_packs: int = 1):
-        if not isinstance(num_packs, int) or num_packs < 1:
-            raise InvalidArgumentError(
-                f"num_packs must be a positive whole number, got {num_packs!r}."
-            )
         super().__init__()
-        self.num_packs = num_packs
+        self.num_packs = _checked_num_packs(num_packs)
 
 
 class NcclAllReduce(CrossDeviceOps):
@@ -288,12 +293,8 @@ class NcclAllReduce(CrossDeviceOps):
     implementation_name = "nccl"
 
     def __init__(self, num_packs: int = 1):
-        if not isinstance(num_packs, int) or num_packs < 1:
-            raise InvalidArgumentError(
-                f"num_packs must be a positive whole number, got {num_packs!r}."
-            )
         super().__init__()
-        self.num_packs = num_packs
+        self.num_packs = _checked_num_packs(num_packs)
 
     def check_devices(self, devices: Sequence[str]) -> None:
         """Raise `ValueError` unless every device is a CUDA GPU."""
@@ -308,7 +309,7 @@ class NcclAllReduce(CrossDeviceOps):
     def _reduce_tensors(self, op, tensors, destinations):
         self.check_devices(destinations)
         if len(tensors) != len(destinations):
-            return ReductionToOneDevice()._reduce_tensors(op, tensors, destinations)
+            return ReductionToOneDevice().reduce_packed(op, [tensors], destinations)[0]
         buffers = [
             t.to(physical_device(d), copy=True) for t, d in zip(tensors, destinations)
         ]  # fmt: skip

@@ -166,11 +166,10 @@ def set_home_replica(replica: int, *, engine: bool = False, bar: Any = None) -> 
 def _current_replica() -> int:
     # the replica context `run` entered, read from the core's context variables (not through
     # `nd.get_replica_context()`, whose default context answers replica 0 of the default
-    # strategy: one replica, so this process's own replica below): metrics sit below the
-    # strategies
+    # strategy): metrics sit below the strategies. Several replicas in this process: each has
+    # its own id; else the engine's replica.
     ctx = current_replica_context()
-    strategy = getattr(ctx, "_strategy", None) if ctx is not None else None
-    if ctx is not None and getattr(strategy, "_is_multi_replica", True):
+    if ctx is not None and len(ctx.strategy.extended.worker_devices) > 1:
         return ctx.replica_id_in_sync_group
     return _home["replica"]
 

@@ -17,7 +17,14 @@ from nbdist._private_api import pytree
 from nbdist.context import current_replica_context
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 
-__all__ = ["DistributedValues", "Mirrored", "PerReplica", "regroup", "select_replica"]
+__all__ = [
+    "DistributedValues",
+    "Mirrored",
+    "PerReplica",
+    "register_variable_type",
+    "regroup",
+    "select_replica",
+]
 
 
 class DistributedValues:
@@ -211,8 +218,20 @@ PerReplica.__getitem__ = _refuse("[]")
 Mirrored.__getitem__ = _delegate(operator.getitem)
 
 
+_variable_types: tuple[type, ...] = ()
+
+
+def register_variable_type(cls: type) -> type:
+    """Count instances of `cls` (a `DistributedValues` subclass) as distributed variables,
+    which `select_replica` leaves whole unless asked to unwrap them. `nbdist.variables`
+    registers `DistributedVariable` (this module cannot import it: it imports this one)."""
+    global _variable_types
+    _variable_types = (*_variable_types, cls)
+    return cls
+
+
 def _is_distributed_variable(value: Any) -> bool:
-    return getattr(value, "_is_distributed_variable", False)
+    return isinstance(value, _variable_types)
 
 
 def select_replica(

@@ -7,11 +7,8 @@ operations, reading the local component in replica context. Imports core modules
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import enum
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,9 +17,16 @@ from nbdist import context
 from nbdist._private_api import pytree
 from nbdist.devices import physical_device
 from nbdist.errors import CheckpointKeyError, InvalidArgumentError
-from nbdist.names import member_by_name
 from nbdist.reduce import ReduceOp
-from nbdist.values import DistributedValues, PerReplica
+from nbdist.values import DistributedValues, PerReplica, register_variable_type
+from nbdist.variable_options import (
+    VariableAggregation,
+    VariableSynchronization,
+    checked_arguments,
+    colocated_with,
+    colocation_devices,
+    option_member,
+)
 
 __all__ = [
     "MirroredVariable",
@@ -30,110 +34,13 @@ __all__ = [
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",
+    "checked_arguments",
     "colocated_with",
+    "colocation_devices",
     "create_distributed_variable",
+    "option_member",
     "single_variable",
 ]
-
-
-class VariableSynchronization(enum.Enum):
-    """When a distributed variable's components are synchronised (TF's names)."""
-
-    AUTO = "AUTO"
-    NONE = "NONE"
-    ON_WRITE = "ON_WRITE"
-    ON_READ = "ON_READ"
-
-
-class VariableAggregation(enum.Enum):
-    """How replicas' writes (mirrored) or components (sync-on-read) are combined."""
-
-    NONE = "NONE"
-    SUM = "SUM"
-    MEAN = "MEAN"
-    ONLY_FIRST_REPLICA = "ONLY_FIRST_REPLICA"
-
-
-def _enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
-    member = member_by_name(cls, value)
-    if member is not None:
-        return member
-    raise InvalidArgumentError(f"Unknown {what} {value!r}; choose one of {[m.name for m in cls]}.")
-
-
-_colocate_devices: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
-    "nbdist_colocate_devices", default=None
-)
-
-
-@contextlib.contextmanager
-def colocated_with(variable: Any) -> Iterator[None]:
-    """Variables created inside land on the devices of `variable` (`colocate_vars_with`)."""
-    devices = getattr(variable, "devices", None)
-    if not devices:
-        raise InvalidArgumentError(
-            f"colocate_vars_with needs a variable created in strategy.scope(), got {variable!r}."
-        )
-    token = _colocate_devices.set(tuple(devices))
-    try:
-        yield
-    finally:
-        _colocate_devices.reset(token)
-
-
-def colocation_devices() -> tuple[str, ...] | None:
-    """The devices set by an active `colocate_vars_with`, if any."""
-    return _colocate_devices.get()
-
-
-_ACCEPTED = ("initial_value", "trainable", "synchronization", "aggregation", "name", "dtype")
-# TensorFlow's other `tf.Variable` arguments: accepted only at the value that changes nothing.
-_TF_ONLY = {
-    "validate_shape": (True, "variables take the shape of their initial value"),
-    "shape": (None, "variables take the shape of their initial value"),
-    "caching_device": (None, "there is no variable caching"),
-    "constraint": (None, "apply the constraint after the optimizer step instead"),
-    "variable_def": (None, "there are no graph protos"),
-    "import_scope": (None, "there are no graph protos"),
-    "experimental_enable_variable_lifting": (True, "there is no graph to lift from"),
-}
-
-
-def checked_arguments(kwargs: dict[str, Any], in_strategy: bool) -> dict[str, Any]:
-    """`kwargs` of `nd.Variable(...)` without TensorFlow's no-op arguments; any other argument
-    nbdist does not support is refused by name (never swallowed).
-
-    Example:
-        >>> checked_arguments({"name": "w", "validate_shape": True}, in_strategy=False)
-        {'name': 'w'}
-    """
-    from nbdist.errors import UnknownArgumentError, UnsupportedOptionError
-
-    out = {}
-    for key, value in kwargs.items():
-        if key in _ACCEPTED or (key == "device" and not in_strategy):
-            out[key] = value
-        elif key == "device":
-            raise UnsupportedOptionError(
-                f"nd.Variable got device={value!r} inside a strategy's scope, where the "
-                "strategy places variables. Remove device=, use "
-                "strategy.extended.colocate_vars_with(other_variable), or create the variable "
-                "outside the scope."
-            )
-        elif key in _TF_ONLY:
-            no_op, why = _TF_ONLY[key]
-            if value is no_op or (isinstance(no_op, bool) and value == no_op):
-                continue
-            raise UnsupportedOptionError(
-                f"nd.Variable got {key}={value!r}, a TensorFlow argument nbdist does not "
-                f"support ({why}). Remove {key}=."
-            )
-        else:
-            accepted = ", ".join([*_ACCEPTED, "device"])
-            raise UnknownArgumentError(
-                f"nd.Variable got an unexpected argument {key!r}. It accepts: {accepted}."
-            )
-    return out
 
 
 class _VariableMeta(type):
@@ -142,7 +49,7 @@ class _VariableMeta(type):
             strategy = context.current_scope_strategy()
             kwargs = checked_arguments(kwargs, in_strategy=strategy is not None)
             if strategy is not None:
-                return strategy._create_variable(*args, **kwargs)
+                return strategy.extended.create_variable(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
 
@@ -161,8 +68,6 @@ class Variable(metaclass=_VariableMeta):
         tensor(6.)
     """
 
-    _is_distributed_variable = False
-
     def __init__(
         self,
         initial_value: Any,
@@ -173,9 +78,9 @@ class Variable(metaclass=_VariableMeta):
         dtype: torch.dtype | None = None,
         device: str | None = None,
     ):
-        sync = _enum(VariableSynchronization, synchronization, "synchronization")
+        sync = option_member(VariableSynchronization, synchronization, "synchronization")
         self._synchronization = sync
-        self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
+        self._aggregation = option_member(VariableAggregation, aggregation, "aggregation")
         self._trainable = (
             (sync is not VariableSynchronization.ON_READ)
             if trainable is None
@@ -200,6 +105,12 @@ class Variable(metaclass=_VariableMeta):
     def numpy(self) -> Any:
         """The value as a numpy array."""
         return self._read().detach().cpu().clone().numpy()
+
+    def read_value_no_copy(self) -> torch.Tensor:
+        """The current value without a copy: the tensor the variable reads (its own, or the
+        local component's in replica context), so a later write to the variable shows in it.
+        For code that only reads it at once (the strategies, the tensor protocol)."""
+        return self._read()
 
     def _read(self) -> torch.Tensor:
         return self._tensor
@@ -313,12 +224,19 @@ class Variable(metaclass=_VariableMeta):
 
 
 def _read_leaf(variable: Variable) -> torch.Tensor:
-    return variable._read()
+    return variable.read_value_no_copy()
+
+
+def _write_component(component: Variable, value: Any, method: str) -> None:
+    """Write a distributed variable's component through its own `assign`, `assign_add` or
+    `assign_sub` (`method`)."""
+    getattr(component, method)(value)
 
 
 def _as_tensor(value: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     if isinstance(value, (Variable, DistributedValues)):
-        value = torch.as_tensor(value._read() if isinstance(value, Variable) else value.values[0])
+        value = value.read_value_no_copy() if isinstance(value, Variable) else value.values[0]
+        value = torch.as_tensor(value)
     tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     if dtype is not None:
         tensor = tensor.to(dtype)
@@ -390,10 +308,9 @@ for _name in ("neg", "pos", "abs"):
 Variable.__getitem__ = _delegate(operator.getitem)
 
 
+@register_variable_type
 class DistributedVariable(DistributedValues, Variable):
     """A variable with one component (a single-device `Variable`) per device."""
-
-    _is_distributed_variable = True
 
     def __init__(
         self,
@@ -418,6 +335,11 @@ class DistributedVariable(DistributedValues, Variable):
     def devices(self) -> tuple[str, ...]:  # type: ignore[override]
         """Every device holding a component."""
         return self._devices or ()
+
+    @property
+    def distribute_strategy(self) -> Any:
+        """The strategy that created the variable (as TF's `DistributedVariable`)."""
+        return self._strategy
 
     @property
     def primary(self) -> Variable:
@@ -452,8 +374,8 @@ class MirroredVariable(DistributedVariable):
     def _read(self) -> torch.Tensor:
         component = self._component_for_replica()
         if component is None:
-            return self.primary._read()
-        tensor = component._read()
+            return self.primary.read_value_no_copy()
+        tensor = component.read_value_no_copy()
         device = self._replica_device()
         return tensor if device is None or tensor.device == device else tensor.to(device)
 
@@ -469,7 +391,7 @@ class MirroredVariable(DistributedVariable):
             if isinstance(value, DistributedValues):
                 value = value.values[0]
             for component in self._values:
-                component._write(value, method)
+                _write_component(component, value, method)
             return self
         if self._aggregation is VariableAggregation.NONE:
             raise InvalidArgumentError(
@@ -494,8 +416,8 @@ class MirroredVariable(DistributedVariable):
             else:
                 op = ReduceOp.SUM if aggregation is VariableAggregation.SUM else ReduceOp.MEAN
                 merged = _same_value_aggregate(op, per_replica, strategy.num_replicas_in_sync)
-            for component in variable._values:
-                component._write(merged, method)
+            for component in variable.values:
+                _write_component(component, merged, method)
 
         replica.merge_call(merge, args=(_as_tensor(value),))
         return self
@@ -505,7 +427,7 @@ class MirroredVariable(DistributedVariable):
         if component is None:
             self._write(value, "assign")
         else:  # every replica restores its own copy of the same checkpoint
-            component._write(value, "assign")
+            component.assign(value)
 
 
 def _same_value_aggregate(op: ReduceOp, value: Any, replicas: int) -> torch.Tensor:
@@ -522,21 +444,22 @@ class SyncOnReadVariable(DistributedVariable):
     def _read(self) -> torch.Tensor:
         component = self._component_for_replica()
         if component is not None:
-            return component._read()
+            return component.read_value_no_copy()
         return self._aggregate()
 
     def _aggregate(self) -> torch.Tensor:
         aggregation = self._aggregation
         strategy = self._strategy
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
-            return strategy.extended.broadcast_from_first(self.primary._read())
+            return strategy.extended.broadcast_from_first(self.primary.read_value_no_copy())
         if aggregation is VariableAggregation.NONE:
             raise InvalidArgumentError(
                 f"SyncOnReadVariable {self._name!r} has aggregation NONE, so it has no "
                 "cross-replica value. Read it inside strategy.run, or create it with "
                 "aggregation SUM, MEAN or ONLY_FIRST_REPLICA."
             )
-        tensors = [c._read().to(self.primary._read().device) for c in self._values]
+        device = self.primary.read_value_no_copy().device
+        tensors = [c.read_value_no_copy().to(device) for c in self._values]
         total = strategy.extended.across_workers(ReduceOp.SUM, ReduceOp.SUM.combine(tensors))
         if aggregation is VariableAggregation.SUM:
             return total
@@ -547,7 +470,7 @@ class SyncOnReadVariable(DistributedVariable):
     def _write(self, value: Any, method: str) -> Variable:
         component = self._component_for_replica()
         if component is not None:
-            component._write(value, method)
+            _write_component(component, value, method)
             return self
         if isinstance(value, PerReplica):
             raise InvalidArgumentError(
@@ -562,12 +485,12 @@ class SyncOnReadVariable(DistributedVariable):
                     f"{method} in cross-replica context (as in TensorFlow): the increment would "
                     "be counted once per replica. Use assign, or do it inside strategy.run."
                 )
-            ids = self._strategy._local_replica_ids
+            ids = self._strategy.extended.placement.local_replica_ids
             for replica_id, component in zip(ids, self._values):
-                component._write(self._sum_share(value, replica_id), method)
+                _write_component(component, self._sum_share(value, replica_id), method)
             return self
         for component in self._values:
-            component._write(value, method)
+            _write_component(component, value, method)
         return self
 
     def _sum_share(self, value: Any, replica_id: int) -> torch.Tensor:
@@ -593,7 +516,7 @@ class SyncOnReadVariable(DistributedVariable):
             replica = context.current_replica_context()
             replica_id = replica.replica_id_in_sync_group if replica is not None else 0
             value = self._sum_share(value, replica_id)
-        component._write(value, "assign")
+        component.assign(value)
 
     def _checkpoint_value(self) -> torch.Tensor:
         replica = context.current_replica_context()
@@ -643,8 +566,8 @@ def create_distributed_variable(
     Raises:
         ValueError: `synchronization=NONE`, which a multi-replica strategy cannot keep in sync.
     """
-    sync = _enum(VariableSynchronization, synchronization, "synchronization")
-    agg = _enum(VariableAggregation, aggregation, "aggregation")
+    sync = option_member(VariableSynchronization, synchronization, "synchronization")
+    agg = option_member(VariableAggregation, aggregation, "aggregation")
     name = name or "Variable"
     if sync is VariableSynchronization.NONE:
         raise InvalidArgumentError(
@@ -665,7 +588,7 @@ def create_distributed_variable(
         for k, device in enumerate(devices)
     ]  # fmt: skip
     if broadcast is not None and not on_read:
-        broadcast([component._tensor for component in components])
+        broadcast([component.read_value_no_copy() for component in components])
     kind = SyncOnReadVariable if on_read else MirroredVariable
     return kind(
         strategy, components, tuple(devices), name=name, trainable=trainable,

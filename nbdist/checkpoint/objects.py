@@ -139,10 +139,10 @@ def check(name: str, obj: Any, entry: dict[str, Any], path: str) -> None:
     elif kind == "tensor":
         _check_shape(name, "tensor", tuple(obj.shape), state, path)
     elif kind == "iterator":
-        if obj._position is None:
+        if obj.position is None:
             obj.state_dict()  # raises the error for an iterator without a position
         else:
-            obj._position.resume_from(state)
+            obj.position.resume_from(state)
     elif kind == "stateful" and entry.get("type") != _type_name(obj):
         raise CheckpointMismatchError(
             f"Checkpoint {path!r} holds {name!r} as a {entry.get('type')}, but {name}= is a "

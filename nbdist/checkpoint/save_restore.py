@@ -240,9 +240,9 @@ def _path(path: Any, verb: str) -> str:
 def _positions(objects: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
     """`{name: (batches, examples)}` of the distributed iterators among `objects`."""
     return {
-        name: (obj._position.batches, obj._position.examples)
+        name: (obj.position.batches, obj.position.examples)
         for name, obj in objects.items()
-        if isinstance(obj, DistributedIterator) and obj._position is not None
+        if isinstance(obj, DistributedIterator) and obj.position is not None
     }
 
 
@@ -283,7 +283,7 @@ def _once_for_the_replicas(
                     f"replica, or call it once outside strategy.run."
                 )
         result = fn(first.where, **first.objects)
-        replicas = getattr(strategy, "_replicas", None)
+        replicas = strategy.extended.replicas
         if verb == "restore" and replicas is not None:
             replicas.synchronize()  # the other replicas' copies, before they go on in this run
         return result

@@ -40,8 +40,10 @@ class Workers:
 
     def __init__(self, strategy: Any | None):
         self.strategy = strategy
-        self.count = int(getattr(strategy, "_num_workers", 1)) if strategy is not None else 1
-        self.index = int(getattr(strategy, "_worker_index", 0)) if strategy is not None else 0
+        # Strategies that are no `Strategy` (a parameter-server worker's) have one worker.
+        placement = getattr(getattr(strategy, "extended", None), "placement", None)
+        self.count = placement.num_workers if placement is not None else 1
+        self.index = placement.worker_index if placement is not None else 0
 
     @classmethod
     def for_objects(cls, objects: dict[str, Any]) -> Workers:
@@ -51,7 +53,11 @@ class Workers:
         replica = context.current_replica_context()
         strategy = replica.strategy if replica is not None else context.current_scope_strategy()
         if strategy is None:
-            owners = [o._strategy for o in objects.values() if isinstance(o, DistributedVariable)]
+            owners = [
+                o.distribute_strategy
+                for o in objects.values()
+                if isinstance(o, DistributedVariable)
+            ]  # fmt: skip
             strategy = owners[0] if owners else live_multi_worker_strategy()
         return cls(strategy)
 
@@ -91,14 +97,7 @@ class Workers:
         except errors.NbdistError as lost:  # a worker that never came, died or did otherwise
             if error is not None:
                 raise error from lost
-            missing = list(getattr(lost, "missing", ()))
-            who = f"worker(s) {missing}" if missing else "another worker"
-            raise CheckpointError(
-                f"{what} on worker {self.index} of {self.count} failed: {who} did not take "
-                f"part. Call nd.checkpoint.save and restore on every worker, not only where "
-                f"strategy.extended.should_checkpoint is True: one worker writes, the others "
-                f"wait until the file is complete.{done} ({type(lost).__name__}: {lost})"
-            ) from lost
+            raise self._absent(what, lost, every="", after=done) from lost
         failed = [w for w in range(self.count) if int(rows[w, 0]) == 1]
         if not failed:
             return sum(1 for w in range(self.count) if int(rows[w, 0]) == 2)
@@ -112,6 +111,18 @@ class Workers:
             kind = CheckpointError
         others = "" if len(failed) == 1 else f" (and on worker(s) {failed[1:]})"
         raise kind(f"{what} failed on worker {first}{others}: {message}")
+
+    def _absent(self, what: str, lost: BaseException, *, every: str, after: str) -> CheckpointError:
+        """The error for a gather that another worker did not join (`lost`: it never came,
+        died, or did something else); `every` and `after` finish the fix it names."""
+        missing = list(getattr(lost, "missing", ()))
+        who = f"worker(s) {missing}" if missing else "another worker"
+        return CheckpointError(
+            f"{what} on worker {self.index} of {self.count} failed: {who} did not take "
+            f"part. Call nd.checkpoint.save and restore on every worker{every}, not only where "
+            f"strategy.extended.should_checkpoint is True: one worker writes, the others "
+            f"wait until the file is complete.{after} ({type(lost).__name__}: {lost})"
+        )
 
     def check_positions(self, positions: dict[str, tuple[int, int | None]], what: str) -> None:
         """Raise `CheckpointError` on every worker when a distributed iterator of this save
@@ -134,14 +145,8 @@ class Workers:
         try:
             rows = self.strategy.extended.gather_across_workers(row, 0)
         except errors.NbdistError as lost:
-            missing = list(getattr(lost, "missing", ()))
-            who = f"worker(s) {missing}" if missing else "another worker"
-            raise CheckpointError(
-                f"{what} on worker {self.index} of {self.count} failed: {who} did not take "
-                f"part. Call nd.checkpoint.save and restore on every worker with the same "
-                f"objects, not only where strategy.extended.should_checkpoint is True: one "
-                f"worker writes, the others wait until the file is complete. Nothing was "
-                f"written. ({type(lost).__name__}: {lost})"
+            raise self._absent(
+                what, lost, every=" with the same objects", after=" Nothing was written."
             ) from lost
         message = position_disagreement(names, rows.tolist())
         if message is not None:

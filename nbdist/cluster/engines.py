@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
+from nbdist._private_api import client_location
 from nbdist.cluster import _wire
 from nbdist.cluster.calls import call_engines, interrupt_note, reply_ok
 from nbdist.cluster.engine_side import health, joining
@@ -276,6 +277,17 @@ class Cluster:
         self._require_running("cluster.client")
         return self._client
 
+    @property
+    def connected_client(self) -> Any:
+        """The `ipyparallel.Client` while one is connected (from `start` to the end of
+        `stop`), else None; never raises, for readers in other threads (the dashboards)."""
+        return self._client
+
+    def inflight(self) -> dict[int, tuple[Any, ...]]:
+        """The requests (AsyncResults) sent and not answered yet, by engine id: a snapshot,
+        safe to take from any thread (the dashboards read it; `track_request` fills it)."""
+        return {engine: tuple(requests) for engine, requests in list(self._inflight.items())}
+
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, progress: Callable[[str], None] | None = None) -> Cluster:
         """Start the controller and engines, and give every engine its strategy.
@@ -382,7 +394,7 @@ class Cluster:
             payload: Any = [_wire.encode(_scatter(values, i, n), parts) for i in range(n)]
         else:
             payload = _wire.encode(values, parts)
-        self._call("store", payload, timeout=timeout, what="cluster.push")
+        self.call("store", payload, timeout=timeout, what="cluster.push")
 
     def pull(self, *names: str, timeout: float | None = None) -> Any:
         """Each engine's value of `name` as one `PerReplica` (a tuple of them for several).
@@ -401,7 +413,7 @@ class Cluster:
         for name in names:
             RemoteRef(name)  # checks the name
         payload = _wire.dumps(list(names))
-        replies = self._call("fetch", payload, timeout=timeout, what="cluster.pull")
+        replies = self.call("fetch", payload, timeout=timeout, what="cluster.pull")
         pulled = tuple(
             PerReplica([reply["value"][k] for reply in replies]) for k in range(len(names))
         )
@@ -532,11 +544,11 @@ class Cluster:
         """The controller's address as engines reach it (they report their own from it)."""
         if self._settings.controller_ip == "127.0.0.1":
             return "127.0.0.1"
-        location = (getattr(self._client, "_config", None) or {}).get("location")
+        location = client_location(self._client)
         return str(location or socket.gethostname())
 
     # -- calling --------------------------------------------------------------------------
-    def _call(
+    def call(
         self,
         entry: str,
         payloads: bytes | Sequence[Any],
@@ -546,7 +558,8 @@ class Cluster:
         fn: Any = None,
         needs_group: bool = False,
     ) -> list[dict[str, Any]]:
-        """`calls.call_engines` on this cluster (see there), in its turn."""
+        """`calls.call_engines` on this cluster (see there), in its turn (Note [One call at
+        a time]), after checking that it is running and idle (or its group usable)."""
         self._require_running(what)
         with self.turn(what, timeout) as deadline:
             self._require_running(what)  # again: another thread may have stopped it meanwhile

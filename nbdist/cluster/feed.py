@@ -50,12 +50,12 @@ def pull(cluster: Any, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
 
 def live_updates(cluster: Any) -> list[dict[str, Any]]:
     """The newest feed message of every request in flight (read-only; safe from any thread)."""
-    client = cluster._client
+    client = cluster.connected_client
     if client is None:
         return []
     out = []
-    for requests in list(cluster._inflight.values()):
-        for request in list(requests):
+    for requests in cluster.inflight().values():
+        for request in requests:
             for msg_id in list(getattr(request, "msg_ids", ())):
                 md = client.metadata.get(msg_id)
                 feed = md.get("data", {}).get(FEED_KEY) if md is not None else None

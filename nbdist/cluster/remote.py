@@ -111,7 +111,7 @@ class EngineStrategy:
             payloads = [_encode_call(fn, *_scatter((tuple(args), kwargs), i, n)) for i in range(n)]
         else:
             payloads = _encode_call(fn, tuple(args), kwargs)
-        replies = self._cluster._call(
+        replies = self._cluster.call(
             "call", payloads, timeout=self._timeout(timeout), what=f"strategy.run({_name(fn)})",
             fn=fn, needs_group=True,
         )  # fmt: skip
@@ -155,7 +155,7 @@ class EngineStrategy:
             raise InvalidArgumentError(f"steps must be a whole number >= 1, got {steps!r}.")
         ref = iterator if isinstance(iterator, RemoteRef) else RemoteRef(iterator)
         payload = _encode_call(fn, (ref,), {})
-        replies = self._cluster._call(
+        replies = self._cluster.call(
             "call_steps", payload, steps, timeout=self._timeout(timeout),
             what=f"strategy.run_steps({_name(fn)}, {ref!r}, steps={steps})", fn=fn,
             needs_group=True,

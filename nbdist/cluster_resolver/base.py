@@ -27,6 +27,7 @@ __all__ = [
     "local_accelerators",
     "split_address",
     "validate_port",
+    "whole_number",
 ]
 
 
@@ -155,6 +156,22 @@ def format_master_url(master: str, rpc_layer: str | None = None) -> str:
     return f"{rpc_layer}://{master}" if rpc_layer else master
 
 
+def whole_number(value: Any) -> int | None:
+    """`value` as an int when it is one (not a bool) or a string of digits, else None.
+
+    Example:
+        >>> whole_number(" 8 "), whole_number(8), whole_number(True), whole_number("8.0")
+        (8, 8, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdecimal():
+        return int(value)
+    return None
+
+
 def validate_port(value: Any, *, variable: str) -> int:
     """`value` as a TCP port: an int (or a string of digits) from 1 to 65535.
 
@@ -173,13 +190,8 @@ def validate_port(value: Any, *, variable: str) -> int:
         ...
         nbdist.errors.ClusterConfigError: MASTER_PORT has port 'http', which is not an integer...
     """
-    if isinstance(value, bool):
-        port = None
-    elif isinstance(value, int):
-        port = value
-    elif isinstance(value, str) and value.strip().isdecimal():
-        port = int(value)
-    else:
+    port = whole_number(value)
+    if port is None and not isinstance(value, bool):  # a bool is out of range, not a non-integer
         raise ClusterConfigError(
             f"{variable} has port {value!r}, which is not an integer. Use a port number from 1 "
             f"to 65535, e.g. 2222."

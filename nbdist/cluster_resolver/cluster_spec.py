@@ -48,8 +48,9 @@ class ClusterSpec:
 
     def __init__(self, cluster: Mapping[str, Any] | ClusterSpec):
         if isinstance(cluster, ClusterSpec):
+            other: ClusterSpec = cluster
             self._jobs: dict[str, dict[int, str]] = {
-                job: dict(cluster._jobs[job]) for job in sorted(cluster._jobs)
+                job: dict(other._jobs[job]) for job in sorted(other._jobs)
             }
             return
         if not isinstance(cluster, Mapping):

@@ -21,7 +21,12 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from nbdist.cluster_resolver._errors import ClusterRuntimeError
-from nbdist.cluster_resolver.base import ClusterResolver, format_address, format_master_url
+from nbdist.cluster_resolver.base import (
+    ClusterResolver,
+    format_address,
+    format_master_url,
+    whole_number,
+)
 from nbdist.cluster_resolver.cluster_spec import ClusterSpec
 from nbdist.errors import ClusterConfigError
 
@@ -332,14 +337,7 @@ def _required(env: Mapping[str, str], names: tuple[str, ...], fix: str) -> tuple
 
 
 def _int(value: Any, name: str, *, minimum: int) -> int:
-    if isinstance(value, bool):
-        number = None
-    elif isinstance(value, int):
-        number = value
-    elif isinstance(value, str) and value.strip().isdecimal():
-        number = int(value)
-    else:
-        number = None
+    number = whole_number(value)
     if number is None or number < minimum:
         raise ClusterConfigError(
             f"{name} is {value!r}; it must be an integer >= {minimum}. Check how the job was "

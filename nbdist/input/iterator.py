@@ -63,6 +63,12 @@ class DistributedIterator:
     def __iter__(self) -> DistributedIterator:
         return self
 
+    @property
+    def position(self) -> Position | None:
+        """How far the iterator has got (batches and examples delivered), which a checkpoint
+        saves and restores; None for an iterator not made by `iter(distributed_dataset)`."""
+        return self._position
+
     def __next__(self) -> Any:
         return self.get_next()
 

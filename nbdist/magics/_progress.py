@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from nbdist._private_api import show_elapsed_and_rate
 from nbdist.cluster.engine_side.progress import PROGRESS_KEY
 
 __all__ = ["CellBars"]
@@ -117,8 +118,7 @@ def _draw(bar: Any, state: dict[str, Any]) -> None:
         widget = getattr(bar, "container", None)  # tqdm.notebook's HBox: label, bar, numbers
         with contextlib.suppress(Exception):
             widget.children[1].max = total or 1
-    bar.start_t = bar._time() - float(state.get("elapsed", 0.0))  # the engine's elapsed time
-    bar._ema_dt = lambda: None  # so the rate shown is the engine's: count / elapsed
+    show_elapsed_and_rate(bar, float(state.get("elapsed", 0.0)))  # the engine's, count / elapsed
     bar.postfix = state.get("postfix") or None
     bar.n = bar.last_print_n = state.get("n", 0)
     bar.refresh()

@@ -84,6 +84,10 @@ class GradientBuckets:
         self._pending = False
         self._start = 0.0
 
+    def holds_any(self, params: list[torch.Tensor]) -> bool:
+        """True when one of `params` has a place in a bucket (it was added)."""
+        return any(id(p) in self._where for p in params)
+
     def add(self, params: list[torch.nn.Parameter]) -> None:
         """Put new parameters into buckets and hook their gradient accumulation."""
         fresh = [p for p in params if p.requires_grad and id(p) not in self._where]

@@ -56,8 +56,8 @@ class _ReplicaView(TorchFunctionMode):
 
     def __init__(self, replicas: ReplicaParameters, replica: int):
         super().__init__()
-        self.originals = replicas._originals
-        self.components = replicas._components
+        self.originals = replicas.originals
+        self.components = replicas.components
         self.replica = replica
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -111,8 +111,21 @@ class ReplicaParameters:
         self._views: dict[int, _ReplicaView] = {}
         self._pending = [False] * len(devices)
         self._shadows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # shadow optimizer -> the `state` of the optimizer it was copied from
+        self._shadow_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._shadow_lock = threading.Lock()
         self.active = False
+
+    @property
+    def originals(self) -> list[torch.Tensor]:
+        """The captured tensors (parameters and buffers created in scope), in capture order."""
+        return self._originals
+
+    @property
+    def components(self) -> list[list[torch.Tensor]]:
+        """Each captured tensor's per-replica components (replica 0 first; empty until the
+        first sync makes them)."""
+        return self._components
 
     # -- capture and broadcast ------------------------------------------------------------
     def capture(self, tensor: torch.Tensor | None, *, sync_gradients: bool) -> None:
@@ -303,7 +316,7 @@ class ReplicaParameters:
     def _shadow(self, optimizer: torch.optim.Optimizer, replica: int) -> torch.optim.Optimizer:
         shadows = self._shadows.setdefault(optimizer, {})
         shadow = shadows.get(replica)
-        if shadow is not None and shadow._nbdist_source_state is not optimizer.state:
+        if shadow is not None and self._shadow_sources.get(shadow) is not optimizer.state:
             # optimizer.load_state_dict (a restored checkpoint) replaced the state: copy it
             # to every replica's shadow again, or they would step from their old state.
             shadow = None
@@ -318,7 +331,7 @@ class ReplicaParameters:
             if self.central:
                 shadow.param_groups = []
             shadow.state = _copy_state(optimizer, mapping)
-            shadow._nbdist_source_state = optimizer.state
+            self._shadow_sources[shadow] = optimizer.state
             shadows[replica] = shadow
         for mine, theirs in zip(shadow.param_groups, optimizer.param_groups):
             for name, value in theirs.items():
@@ -354,7 +367,7 @@ def _replicas_for(optimizer: torch.optim.Optimizer) -> tuple[ReplicaParameters, 
     replica = context.current_replica_context()
     if replica is None:
         return None
-    replicas = getattr(replica.strategy, "_replicas", None)
+    replicas = replica.strategy.extended.replicas
     if replicas is None or not replicas.owns_optimizer(optimizer):
         return None
     return replicas, replica.local_replica_index
@@ -379,4 +392,4 @@ def _post_step(optimizer, args, kwargs) -> None:
 
 def iterate_components(replicas: ReplicaParameters) -> Iterator[list[torch.Tensor]]:
     """Each captured tensor's components, replica 0 first (for tests and dashboards)."""
-    yield from replicas._components
+    yield from replicas.components

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from time import perf_counter
 from typing import Any
@@ -18,15 +17,21 @@ import torch
 from nbdist import context
 from nbdist._private_api import pytree
 from nbdist.communication import CommunicationOptions
-from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice, resolve_destinations
+from nbdist.cross_device_ops import CrossDeviceOps
 from nbdist.errors import ArgumentTypeError, ContextError
-from nbdist.placement import Placement
-from nbdist.reduce import RESOLVED_OPS, ReduceOp
-from nbdist.strategies._compiled import collective_between_graphs
+from nbdist.reduce import ReduceOp
+from nbdist.strategies.extended import StrategyExtended
+from nbdist.strategies.replica_context import ReplicaContext
 from nbdist.telemetry import Telemetry
 from nbdist.values import DistributedValues, regroup, select_replica
 
-__all__ = ["ReplicaContext", "Strategy", "StrategyExtended", "check_run_options"]
+__all__ = [
+    "ReplicaContext",
+    "Strategy",
+    "StrategyExtended",
+    "check_run_options",
+    "module_registration_hooks",
+]
 
 
 class Strategy:
@@ -34,7 +39,9 @@ class Strategy:
 
     Implement these (subclasses): `_call_for_each_replica`, `_replica_all_reduce`,
     `_replica_all_gather`, `_replica_merge_call`, `_create_variable`, and set `_devices`,
-    `_parameter_devices`, `_cross_device_ops`, `_options` in `__init__`.
+    `_parameter_devices`, `_cross_device_ops`, `_options` in `__init__`. Only the strategy,
+    its `StrategyExtended` and its `ReplicaContext` touch these; other code goes through
+    `strategy.extended` (ruff's SLF001 checks it).
     Inherited: `scope`, `run`, `reduce`, `gather`, `experimental_local_results`,
     `experimental_distribute_values_from_function`, the dataset functions and `extended`.
 
@@ -50,6 +57,7 @@ class Strategy:
     _num_workers: int = 1
     _worker_index: int = 0
     _cluster_resolver: Any = None
+    _replicas: Any = None  # in-process strategies: their replicas' parameters (`_replicas`)
 
     def __init__(self) -> None:
         self._options = CommunicationOptions()
@@ -108,7 +116,8 @@ class Strategy:
             self._sync_gradients = sync_gradients
             self._scope_depth += 1
             try:
-                with self._scope_hooks():
+                outermost = self._scope_depth == 1
+                with self._scope_hooks() if outermost else contextlib.nullcontext():
                     yield self
             finally:
                 self._scope_depth -= 1
@@ -116,6 +125,8 @@ class Strategy:
 
     @contextlib.contextmanager
     def _scope_hooks(self) -> Iterator[None]:
+        """Entered by the outermost `scope()` only: capture what is created inside (modules'
+        parameters, typically through `module_registration_hooks`)."""
         yield
 
     # -- run ------------------------------------------------------------------------------
@@ -374,6 +385,35 @@ class Strategy:
         return f"{type(self).__name__}(devices={list(self._devices)!r})"
 
 
+@contextlib.contextmanager
+def module_registration_hooks(
+    hook: Callable[[torch.nn.Module, str, Any], None], *, buffers: bool, submodules: bool
+) -> Iterator[None]:
+    """Call `hook(module, name, value)` for every parameter (and, when asked, buffer and
+    submodule) that any torch module registers while inside: how a strategy's scope captures
+    what is created in it (torch's global registration hooks, removed on exit).
+
+    Example:
+        >>> seen = []
+        >>> with module_registration_hooks(lambda m, n, v: seen.append(n), buffers=False,
+        ...                                submodules=False):
+        ...     _ = torch.nn.Linear(2, 1)
+        >>> seen
+        ['weight', 'bias']
+    """
+    register = torch.nn.modules.module
+    handles = [register.register_module_parameter_registration_hook(hook)]
+    if buffers:
+        handles.append(register.register_module_buffer_registration_hook(hook))
+    if submodules:
+        handles.append(register.register_module_module_registration_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def check_run_options(options: Any) -> None:
     """Refuse any `Strategy.run(options=...)` other than None, naming what was passed.
 
@@ -393,313 +433,3 @@ def check_run_options(options: Any) -> None:
         "argument (per-collective settings such as timeouts go to "
         "ReplicaContext.all_reduce(..., options=nd.experimental.CommunicationOptions(...)))."
     )
-
-
-class StrategyExtended:
-    """Additional APIs for algorithms that need to be distribution-aware (`strategy.extended`).
-
-    A thin view of its strategy: every method calls the strategy's machinery.
-
-    Example:
-        >>> import nbdist as nd
-        >>> nd.MirroredStrategy(["cpu:0", "cpu:1"]).extended.worker_devices
-        ('cpu:0', 'cpu:1')
-    """
-
-    def __init__(self, strategy: Strategy):
-        self._strategy = strategy
-
-    @property
-    def worker_devices(self) -> tuple[str, ...]:
-        """Devices used to compute replicas on this worker."""
-        return self._strategy._devices
-
-    @property
-    def parameter_devices(self) -> tuple[str, ...]:
-        """Devices used to place variables."""
-        return self._strategy._parameter_devices
-
-    @property
-    def experimental_require_static_shapes(self) -> bool:
-        """False: PyTorch replicas accept any shape (partial last batches included)."""
-        return False
-
-    @property
-    def should_checkpoint(self) -> bool:
-        """True on the worker that should save checkpoints (the first worker), as in TF."""
-        return self._strategy._worker_index == 0
-
-    @property
-    def should_save_summary(self) -> bool:
-        """True on the worker that should write summaries (the first worker), as in TF."""
-        return self._strategy._worker_index == 0
-
-    @property
-    def should_init(self) -> bool:
-        """True: every worker initialises its variables (they are broadcast from the first)."""
-        return True
-
-    @property
-    def telemetry(self) -> Telemetry:
-        """The record of this strategy's collectives (read by dashboards)."""
-        return self._strategy._telemetry
-
-    @property
-    def cross_device_ops(self) -> CrossDeviceOps | None:
-        """The algorithm that reduces across this worker's devices."""
-        return self._strategy._cross_device_ops
-
-    # -- WorkerCommunication: the interface of the cross-replica rules (nbdist.placement) ----
-    @property
-    def placement(self) -> Placement:
-        """Where the replicas compute and the variables live, on every worker."""
-        s = self._strategy
-        return Placement(s._devices, s._parameter_devices, s._num_workers, s._worker_index)
-
-    def across_workers(self, reduce_op: ReduceOp | str, tensor: torch.Tensor) -> torch.Tensor:
-        """Combine this worker's `tensor` with the other workers' (one worker: itself).
-
-        Context: cross-replica; a collective on multi-worker strategies (every worker calls it).
-        """
-        return self._strategy._across_workers(ReduceOp.from_value(reduce_op), tensor)
-
-    def gather_across_workers(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
-        """Concatenate this worker's `tensor` with the other workers' along `axis` (lengths
-        along `axis` may differ). Context: as `across_workers`."""
-        return self._strategy._gather_across_workers(tensor, axis)
-
-    def broadcast_from_first(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The first worker's value of `tensor`. Context: as `across_workers`."""
-        return self._strategy._broadcast_from_first(tensor)
-
-    def reduction_ops(self) -> CrossDeviceOps:
-        """The algorithm `reduce_to` and `batch_reduce_to` use (reduction to one device when
-        the strategy has none)."""
-        s = self._strategy
-        ops = s._cross_device_ops
-        if ops is None:
-            ops = ReductionToOneDevice()
-            ops.telemetry = s._telemetry
-            s._cross_device_ops = ops
-        ops._num_replicas_hint = s.num_replicas_in_sync
-        return ops
-
-    def communication_options(self, override: Any = None) -> CommunicationOptions:
-        """The strategy's communication options with `override`'s settings applied."""
-        return self._strategy._communication_options(override)
-
-    def reduce_to(
-        self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None
-    ) -> Any:
-        """Reduce `value` to `destinations` (a device, devices or a variable).
-
-        Context: cross-replica (inside `run`, call it from a `merge_call` function).
-        """
-        from nbdist import reduction
-
-        return reduction.reduce_to(self, reduce_op, value, destinations, options)
-
-    def batch_reduce_to(
-        self,
-        reduce_op: ReduceOp | str,
-        value_destination_pairs: Sequence[tuple[Any, Any]],
-        options: Any = None,
-    ) -> list[Any]:
-        """Many `reduce_to` calls in one communication (tensors packed into buckets)."""
-        from nbdist import reduction
-
-        return reduction.batch_reduce_to(self, reduce_op, value_destination_pairs, options)
-
-    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
-        """Mirror `tensor` onto `destinations`."""
-        ops = self._strategy._cross_device_ops
-        if ops is None:
-            return tensor
-        return ops.broadcast(torch.as_tensor(tensor), resolve_destinations(destinations))
-
-    def update(
-        self,
-        var: Any,
-        fn: Callable[..., Any],
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        group: bool = True,
-    ) -> Any:
-        """Run `fn(component, *args)` for each component of `var`, on its device.
-
-        Distributed arguments are unwrapped to the component's device. Context: cross-replica
-        or update.
-
-        Returns:
-            With `group`, a `Mirrored` of the results (the result itself for one component);
-            else the tuple of results.
-        """
-        from nbdist import reduction
-
-        return reduction.update(self, var, fn, tuple(args), dict(kwargs or {}), group)
-
-    @contextlib.contextmanager
-    def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
-        """Variables created inside land on the same devices as `colocate_with_variable`."""
-        from nbdist import variables
-
-        with variables.colocated_with(colocate_with_variable):
-            yield
-
-
-_OP_TYPES = (str, ReduceOp)
-# The caller's replica context: the context variable's own `get` (Note [Calls per collective]).
-_current_replica = context.current_replica_context
-
-
-class ReplicaContext:
-    """The API inside `strategy.run`: who this replica is and how it talks to the others.
-
-    Example:
-        >>> import nbdist as nd
-        >>> ctx = nd.get_replica_context()  # the default replica context, outside any scope
-        >>> ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync
-        (0, 1)
-    """
-
-    def __init__(self, strategy: Strategy, replica_id_in_sync_group: int, local_replica_index: int):
-        self._strategy = strategy
-        self._replica_id = replica_id_in_sync_group
-        self.local_replica_index = local_replica_index
-
-    @property
-    def strategy(self) -> Strategy:
-        """The strategy this replica belongs to."""
-        return self._strategy
-
-    @property
-    def replica_id_in_sync_group(self) -> int:
-        """This replica's id, 0..num_replicas_in_sync-1 (== rank for one replica a process)."""
-        return self._replica_id
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        """How many replicas take part."""
-        return self._strategy.num_replicas_in_sync
-
-    @property
-    def devices(self) -> tuple[str, ...]:
-        """The device(s) this replica computes on."""
-        return (self._strategy._devices[self.local_replica_index],)
-
-    @collective_between_graphs
-    def all_reduce(self, reduce_op: ReduceOp | str, value: Any, options: Any = None) -> Any:
-        """Every replica gets the reduction of all replicas' `value` (any nested structure).
-
-        Context: replica (inside `strategy.run`). Hangs if: not every replica calls it; it
-        then fails after the collective timeout naming the replicas that did not arrive.
-
-        Example:
-            >>> import nbdist as nd
-            >>> s = nd.MirroredStrategy(["cpu:0", "cpu:1"])
-            >>> s.run(lambda: nd.get_replica_context().all_reduce("sum", torch.tensor(1.0)))
-            PerReplica:{0: tensor(2.), 1: tensor(2.)}
-        """
-        if _current_replica() is not self or not self._strategy.changes_context:
-            self._require_current("all_reduce")
-        # The op without a call when seen before (Note [Calls per collective]).
-        op = RESOLVED_OPS.get(reduce_op) if type(reduce_op) in _OP_TYPES else None
-        if op is None:
-            op = ReduceOp.from_value(reduce_op)
-        return self._strategy._replica_all_reduce(self, op, value, options)
-
-    @collective_between_graphs
-    def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
-        """Every replica gets all replicas' `value` concatenated along `axis`, in replica order.
-
-        Context: replica. Hangs if: not every replica calls it (fails after the timeout).
-        """
-        if type(axis) is bool:  # `axis=True` is not axis 1
-            from nbdist.reduction import check_axis_argument
-
-            check_axis_argument(axis, "all_gather", optional=False)
-        if _current_replica() is not self or not self._strategy.changes_context:
-            self._require_current("all_gather")
-        return self._strategy._replica_all_gather(self, value, axis, options)
-
-    @collective_between_graphs
-    def merge_call(
-        self,
-        merge_fn: Callable[..., Any],
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        """Pause every replica and run `merge_fn(strategy, *args)` once in cross-replica context.
-
-        Arguments are merged into `PerReplica` values (or passed as themselves when every
-        replica passed the identical object); the result goes back to every replica,
-        unwrapped to its component. `merge_fn` may not call `run` or a replica context's
-        collectives (every replica waits in `merge_call` meanwhile): `ContextError` at once;
-        combine its arguments with `strategy.reduce` or `strategy.extended.reduce_to`.
-
-        Context: replica. Hangs if: not every replica calls it, or `merge_fn` never returns
-        (the other replicas fail after the timeout).
-        """
-        if not callable(merge_fn):
-            raise ArgumentTypeError(f"merge_call needs a function, got {merge_fn!r}.")
-        if _current_replica() is not self or not self._strategy.changes_context:
-            self._require_current("merge_call")
-        return self._strategy._replica_merge_call(self, merge_fn, tuple(args), dict(kwargs or {}))
-
-    def _require_current(self, what: str) -> None:
-        """Refuse a collective called where this replica context is not the caller's (as
-        TensorFlow's `require_replica_context`): it could never be matched, so it would wait
-        until the timeout or pair with the wrong call. Also refuse the default context's
-        collectives in a thread started inside an in-process replica function (Note [Threads
-        started in a replica] in `nbdist.context`)."""
-        current = _current_replica()
-        default = not self._strategy.changes_context
-        if current is self or (default and current is None and not context.in_merge_call()):
-            if default:
-                running = context.run_started_before(threading.current_thread())
-                if running is not None:
-                    raise ContextError(
-                        f"ReplicaContext.{what} was called on the default replica context in "
-                        f"thread {threading.current_thread().name!r}, which was started while "
-                        f"{type(running).__name__}.run was running (inside a replica "
-                        "function). A thread does not inherit its replica's context, so this "
-                        f"{what} would only see the thread's own value. Call {what} in the "
-                        "replica function's own thread: hand the thread's result back to it "
-                        "(e.g. join the thread) and reduce it there."
-                    )
-            return
-        fix = f"nd.get_replica_context().{what}(...)"
-        if current is None and context.in_merge_call():
-            raise ContextError(
-                f"ReplicaContext.{what} was called inside a merge_call function (merge_fn), on "
-                "a replica context captured outside it. merge_fn runs once, in cross-replica "
-                "context, while every replica waits in merge_call, so no replica could join "
-                f"this {what}. In merge_fn combine its PerReplica arguments with "
-                "strategy.reduce or strategy.extended.reduce_to; or call "
-                f"{what} in the replica function, before or after merge_call."
-            )
-        if current is None:
-            raise ContextError(
-                f"ReplicaContext.{what} of replica {self._replica_id} was called outside the "
-                "strategy.run that made this context: after run returned, in cross-replica "
-                "context, or in a thread started inside the replica function (threads do not "
-                f"inherit the replica's context). Call {fix} in the replica function's own "
-                "thread, while run runs."
-            )
-        if current.strategy is self._strategy:
-            raise ContextError(
-                f"ReplicaContext.{what} of replica {self._replica_id} was called from replica "
-                f"{current.replica_id_in_sync_group}'s function (or another strategy.run). Each "
-                f"replica calls collectives on its own context: {fix}."
-            )
-        raise ContextError(
-            f"ReplicaContext.{what} of a {type(self._strategy).__name__} replica was called "
-            f"inside {type(current.strategy).__name__}.run. Call collectives on the running "
-            f"strategy's context: {fix}."
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"ReplicaContext(replica_id_in_sync_group={self._replica_id}, "
-            f"num_replicas_in_sync={self.num_replicas_in_sync})"
-        )

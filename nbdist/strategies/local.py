@@ -39,15 +39,15 @@ from nbdist.strategies._compiled import (
     translate_compile_error,
 )
 from nbdist.strategies._replicas import ReplicaParameters
-from nbdist.strategies.base import ReplicaContext, Strategy
+from nbdist.strategies.base import ReplicaContext, Strategy, module_registration_hooks
 from nbdist.values import regroup, select_replica
 from nbdist.variables import (
     Variable,
     VariableAggregation,
     VariableSynchronization,
-    _enum,
     colocation_devices,
     create_distributed_variable,
+    option_member,
     single_variable,
 )
 
@@ -77,7 +77,7 @@ class LocalStrategy(Strategy):
         if cross_device_ops is not None:
             cross_device_ops.check_devices(devices)
             cross_device_ops.telemetry = self._telemetry
-            cross_device_ops._num_replicas_hint = len(devices)
+            cross_device_ops.num_replicas_hint = len(devices)
         self._group = LocalGroup(
             len(devices), timeout=self._options.timeout, telemetry=self._telemetry
         )
@@ -98,21 +98,11 @@ class LocalStrategy(Strategy):
     # -- scope: capture modules -----------------------------------------------------------
     @contextlib.contextmanager
     def _scope_hooks(self) -> Iterator[None]:
-        if self._scope_depth > 1:
-            yield
-            return
-        register = torch.nn.modules.module
-        handles = [
-            register.register_module_parameter_registration_hook(self._on_registration),
-            register.register_module_buffer_registration_hook(self._on_registration),
-            register.register_module_module_registration_hook(self._on_registration),
-        ]
+        capture = module_registration_hooks(self._on_registration, buffers=True, submodules=True)
         try:
-            with self._default_device(self._parameter_devices[0]):
+            with capture, self._default_device(self._parameter_devices[0]):
                 yield
         finally:
-            for handle in handles:
-                handle.remove()
             if self._is_multi_replica:
                 self._replicas.synchronize()
 
@@ -308,7 +298,7 @@ class LocalStrategy(Strategy):
             for i, column in enumerate(per_value):
                 groups.setdefault(column[0].dtype, []).append(i)
             for indices in groups.values():
-                reduced = ops._reduce_packed(op, [per_value[i] for i in indices], onto)
+                reduced = ops.reduce_packed(op, [per_value[i] for i in indices], onto)
                 for i, per_device in zip(indices, reduced):
                     for r, tensor in enumerate(per_device):
                         out[r][i] = tensor
@@ -419,8 +409,8 @@ class LocalStrategy(Strategy):
         if not self._is_multi_replica:
             return single_variable(
                 initial_value, trainable,
-                _enum(VariableSynchronization, synchronization, "synchronization"),
-                _enum(VariableAggregation, aggregation, "aggregation"), name or "Variable",
+                option_member(VariableSynchronization, synchronization, "synchronization"),
+                option_member(VariableAggregation, aggregation, "aggregation"), name or "Variable",
                 dtype, (colocation_devices() or self._parameter_devices)[0],
             )  # fmt: skip
         if context.current_replica_context() is not None:

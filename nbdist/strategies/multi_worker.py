@@ -25,9 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,22 +36,28 @@ from nbdist.cluster_resolver import ClusterResolver, TFConfigClusterResolver, re
 from nbdist.cluster_resolver.base import split_address
 from nbdist.collectives.torch_dist import DistGroup
 from nbdist.communication import CommunicationImplementation, CommunicationOptions
-from nbdist.cross_device_ops import CrossDeviceOps
 from nbdist.devices import physical_device
 from nbdist.errors import (
     ArgumentTypeError,
     ClusterConfigError,
     CollectiveMismatchError,
     InvalidArgumentError,
-    RedundantDDPError,
     ReplicasDivergedError,
 )
 from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
 from nbdist.strategies._compiled import translate_compile_error
 from nbdist.strategies._grad_buckets import GradientBuckets
+from nbdist.strategies._live_workers import (
+    install_hooks,
+    is_live,
+    live_multi_worker_strategy,
+    register,
+    unregister,
+)
 from nbdist.strategies._replica_check import differing, diverged_message, fingerprint
-from nbdist.strategies.base import ReplicaContext, Strategy
-from nbdist.values import DistributedValues, select_replica
+from nbdist.strategies._worker_reduction import WorkerReduction
+from nbdist.strategies.base import ReplicaContext, Strategy, module_registration_hooks
+from nbdist.values import select_replica
 from nbdist.variables import (
     Variable,
     VariableAggregation,
@@ -129,21 +133,6 @@ def worker_topology(resolver: ClusterResolver | None) -> WorkerTopology:
     host, port = split_address(tasks[0][2], variable="the first task's address")
     local_rank = getattr(resolver, "local_rank", None)
     return WorkerTopology(rank, world_size, host, port, local_rank)
-
-
-_live: weakref.WeakValueDictionary[int, MultiWorkerMirroredStrategy] = (
-    weakref.WeakValueDictionary()
-)  # in order of creation
-
-
-def live_multi_worker_strategy() -> MultiWorkerMirroredStrategy | None:
-    """This process's multi-worker strategy with a process group (the last made), if any.
-
-    Used where every worker must take part but no strategy is current, e.g. a checkpoint saved
-    in a `%%distribute` cell outside `strategy.scope()`.
-    """
-    strategies = list(_live.values())
-    return strategies[-1] if strategies else None
 
 
 class MultiWorkerMirroredStrategy(Strategy):
@@ -222,11 +211,19 @@ class MultiWorkerMirroredStrategy(Strategy):
             else None
         )
         self._warned_outside = False
-        self._cross_device_ops = _WorkerReduction(self)
+        self._cross_device_ops = WorkerReduction(
+            self._across_workers, self._group, self._compression
+        )
         self._cross_device_ops.telemetry = self._telemetry
         if self._group is not None:
-            _install_outside_scope_check()
-            _live[id(self)] = self
+            install_hooks(_check_outside_scope)
+            register(self)
+
+    @property
+    def process_group(self) -> DistGroup | None:
+        """The workers' process group (`nbdist.collectives.torch_dist.DistGroup`); None for
+        one worker."""
+        return self._group
 
     @property
     def process_group_backend(self) -> str:
@@ -237,15 +234,11 @@ class MultiWorkerMirroredStrategy(Strategy):
         """Leave the process group (call on every worker when done)."""
         if self._group is not None:
             self._group.shutdown()
-        _live.pop(id(self), None)
+        unregister(self)
 
     # -- scope ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def _scope_hooks(self) -> Iterator[None]:
-        if self._scope_depth > 1:
-            yield
-            return
-        register = torch.nn.modules.module
         fresh: list[torch.Tensor] = []
         sync = self._sync_gradients
 
@@ -262,18 +255,13 @@ class MultiWorkerMirroredStrategy(Strategy):
                 self._names[id(tensor)] = f"{type(module).__name__}.{name} {shape}"
                 fresh.append(tensor)
 
-        handles = [
-            register.register_module_parameter_registration_hook(capture),
-            register.register_module_buffer_registration_hook(capture),
-        ]
+        hooks = module_registration_hooks(capture, buffers=True, submodules=False)
         target = physical_device(self._devices[0])
         device_scope = torch.device(target) if target.type != "cpu" else contextlib.nullcontext()
         try:
-            with device_scope:
+            with hooks, device_scope:
                 yield
         finally:
-            for handle in handles:
-                handle.remove()
             if fresh and self._group is not None:
                 self._group.broadcast_(fresh, src=0)
                 params = [t for t in fresh if isinstance(t, torch.nn.Parameter)]
@@ -486,17 +474,21 @@ class MultiWorkerMirroredStrategy(Strategy):
         """(wall time, replicas identical, message) of the newest replica check, if any."""
         return self._telemetry.replica_check
 
-    def _after_optimizer_step(self) -> None:
-        if _live.get(id(self)) is not self:  # shut down: no group to check over
+    def count_optimizer_step(self) -> None:
+        """Count an optimizer step over this strategy's parameters (nbdist's optimizer hook
+        calls it after each) and run the replica check every `replica_check_every` steps."""
+        if not is_live(self):  # shut down: no group to check over
             return
         self._steps += 1
         every = self.replica_check_every
         if every and self._steps % every == 0:
             self.check_replicas_identical(f"after optimizer step {self._steps}")
 
-    def _owns_parameters(self, params: list[torch.Tensor]) -> bool:
+    def owns_parameters(self, params: list[torch.Tensor]) -> bool:
+        """True when one of `params` was created in this strategy's scope (its gradients are
+        averaged across the workers in every backward)."""
         buckets = self._buckets
-        return buckets is not None and any(id(p) in buckets._where for p in params)
+        return buckets is not None and buckets.holds_any(params)
 
     def warn_if_not_captured(self, params: list[torch.Tensor]) -> None:
         """Warn once when parameters made outside `scope()` are trained inside `run`."""
@@ -515,94 +507,6 @@ class MultiWorkerMirroredStrategy(Strategy):
             )
 
 
-class _WorkerReduction(CrossDeviceOps):
-    """`reduce_to`/`batch_reduce_to` across workers: one checked all-reduce for a whole batch."""
-
-    implementation_name = "torch.distributed"
-
-    def __init__(self, strategy: MultiWorkerMirroredStrategy):
-        super().__init__()
-        self._strategy = strategy
-
-    def _local(self, op: ReduceOp, value: Any) -> torch.Tensor:
-        if isinstance(value, DistributedValues):
-            tensors = [as_reducible(v, "reduce_to") for v in value.values]
-            refuse_bool(op, tensors)  # Note [Bool reductions]
-            return op.combine(tensors)
-        tensor = as_reducible(value, "reduce_to")
-        refuse_bool(op, (tensor,))
-        return tensor
-
-    def _reduce_tensors(self, op, tensors, destinations):
-        local = op.combine(tensors) if len(tensors) > 1 else tensors[0]
-        return [self._strategy._across_workers(op, local)]
-
-    def reduce(self, reduce_op, per_replica_value, destinations, options=None):
-        op = ReduceOp.from_value(reduce_op)
-        return self._strategy._across_workers(op, self._local(op, per_replica_value))
-
-    def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
-        op = ReduceOp.from_value(reduce_op)
-        local = [self._local(op, value) for value, _ in value_destination_pairs]
-        group = self._strategy._group
-        if group is None or not local:
-            return local
-        return group.all_reduce(local, op, compression=self._strategy._compression(options))
-
-
-def _install_outside_scope_check() -> None:
-    from torch.nn.modules.module import register_module_module_registration_hook
-    from torch.optim.optimizer import (
-        register_optimizer_step_post_hook,
-        register_optimizer_step_pre_hook,
-    )
-
-    if not _outside_scope_hook:
-        _outside_scope_hook.append(register_optimizer_step_pre_hook(_check_outside_scope))
-        _outside_scope_hook.append(register_optimizer_step_post_hook(_count_step))
-        _outside_scope_hook.append(register_module_module_registration_hook(_refuse_ddp))
-
-
-_owner: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, Any]] = (
-    weakref.WeakKeyDictionary()
-)  # optimizer -> (number of its parameters when looked up, weak ref to its strategy or None)
-
-
-def _count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    """After each optimizer step over mirrored parameters, in `run` or not: count it and run
-    the replica check every `replica_check_every` steps (Note [Replica check])."""
-    if torch.compiler.is_compiling():
-        return
-    count = sum(len(group["params"]) for group in optimizer.param_groups)
-    known = _owner.get(optimizer)
-    if known is None or known[0] != count:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        found = next((s for s in _live.values() if s._owns_parameters(params)), None)
-        known = (count, weakref.ref(found) if found is not None else None)
-        _owner[optimizer] = known
-    strategy = known[1]() if known[1] is not None else None
-    if strategy is not None:
-        strategy._after_optimizer_step()
-
-
-def _refuse_ddp(module: torch.nn.Module, name: str, submodule: Any) -> None:
-    """Refuse `DistributedDataParallel(model)` of a model whose parameters were created in a
-    multi-worker scope: their gradients are already averaged (Note [Backward outside run])."""
-    ddp = sys.modules.get("torch.nn.parallel.distributed")  # not imported: no DDP to refuse
-    if submodule is None or ddp is None or not isinstance(module, ddp.DistributedDataParallel):
-        return
-    params = list(submodule.parameters())
-    if any(s._owns_parameters(params) for s in list(_live.values())):
-        raise RedundantDDPError(
-            "DistributedDataParallel(model) wraps a model created in strategy.scope(): nbdist "
-            "already averages its gradients across the workers in every backward (inside "
-            "strategy.run and outside it), so DDP would synchronise them a second time. Drop "
-            "the wrapper: train `model` itself (model(x), model.parameters(), "
-            "model.state_dict())."
-        )
-
-
-_outside_scope_hook: list[Any] = []
 
 
 def _check_outside_scope(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -123,9 +123,10 @@ class ClusterSource:
             return rows
         here = socket.gethostname()
         rows = []
+        inflight = self.cluster.inflight()
         for info in self.cluster.engines:
             alive = info.id in self._registered and (info.host != here or pid_alive(info.pid))
-            busy = bool(self.cluster._inflight.get(info.id))
+            busy = bool(inflight.get(info.id))
             state = "dead" if not alive else "busy" if busy else "alive"
             rows.append(EngineStatus(info.rank, info.id, info.host, info.pid, info.device, state))
         return rows

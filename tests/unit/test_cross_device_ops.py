@@ -411,9 +411,9 @@ def test_hierarchical_copy_num_packs_splits_a_batch_into_that_many_packs():
     class Counting(nd.HierarchicalCopyAllReduce):
         packs = 0
 
-        def _reduce_packed(self, *args, **kwargs):
+        def reduce_packed(self, *args, **kwargs):
             Counting.packs += 1
-            return super()._reduce_packed(*args, **kwargs)
+            return super().reduce_packed(*args, **kwargs)
 
     # Integer MEAN cannot be fused in place, so the batch goes through packs.
     values = [

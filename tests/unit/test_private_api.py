@@ -4,7 +4,9 @@ still exists and still does what nbdist relies on; a failure names the name and 
 from __future__ import annotations
 
 import collections
+import datetime
 import inspect
+import io
 import sys
 import threading
 
@@ -21,11 +23,12 @@ def test_every_listed_name_is_checked_here():
         "torch._foreach_add/_add_/_div_/_mul/_mul_/_maximum/_minimum/_copy_",
         "torch.autograd.Variable._execution_engine.queue_callback",
         "ipyparallel launcher._wait_thread", "ipyparallel IPEngine._signal_stop",
-        "ipyparallel IPController.save_connection_dict",
+        "ipyparallel IPController.save_connection_dict", "ipyparallel Client._config",
 
 
         "torch._C._dynamo.eval_frame.get_eval_frame_callback",
         "torch._dynamo.eval_frame.skip_code and the _torchdynamo_disable* attributes",
+        "torch.distributed.ProcessGroupGloo._Options", "tqdm._time and tqdm._ema_dt",
     }  # fmt: skip
     assert set(private.PRIVATE_NAMES) == checked, "a private name was added without a check"
 
@@ -107,6 +110,35 @@ def test_c10d_file_is_where_torch_distributed_collectives_live():
         assert code.co_filename == path, f"torch.distributed.{name} moved out of {path}"
 
 
+def test_gloo_options_make_a_direct_gloo_group_with_its_timeout():
+    assert hasattr(dist.ProcessGroupGloo, "_Options"), "ProcessGroupGloo._Options is gone"
+    options = private.gloo_options(datetime.timedelta(seconds=7), loopback=True)
+    assert options._timeout == datetime.timedelta(seconds=7), "_Options._timeout changed"
+    assert len(options._devices) == 1, "_Options._devices changed"
+    store = dist.HashStore()
+    group = dist.ProcessGroupGloo(store, 0, 1, options)  # a one-rank group: no peer to wait for
+    t = torch.ones(2)
+    group.allreduce([t]).wait()
+    assert t.tolist() == [1.0, 1.0], "a gloo group made from _Options no longer reduces"
+
+
+def test_show_elapsed_and_rate_sets_a_tqdm_bar_to_another_processes_progress():
+    from tqdm.std import tqdm
+
+    bar = tqdm(total=10, file=io.StringIO(), mininterval=0)
+    try:
+        assert callable(getattr(bar, "_time", None)), "tqdm._time is gone"
+        assert hasattr(bar, "_ema_dt"), "tqdm._ema_dt is gone"
+        bar.n = 4
+        private.show_elapsed_and_rate(bar, 2.0)
+        shown = bar.format_dict
+        assert 1.9 < shown["elapsed"] < 3.0, "tqdm.start_t no longer sets the elapsed time"
+        assert shown["rate"] is None, "tqdm reads its smoothed rate elsewhere than _ema_dt"
+        assert "2.00it/s" in str(bar), "the rate shown is no longer n / elapsed"
+    finally:
+        bar.close()
+
+
 def test_ipyparallel_launchers_keep_their_wait_thread():
     launcher = pytest.importorskip("ipyparallel.cluster.launcher")
     for cls in (launcher.LocalProcessLauncher, launcher.SSHLauncher):
@@ -121,6 +153,20 @@ def test_ipyparallel_launchers_keep_their_wait_thread():
     done.join(30)
     Launcher._wait_thread = done
     assert private.launcher_has_exited(Launcher()) is True
+
+
+def test_ipyparallel_client_keeps_its_connection_config():
+    client = pytest.importorskip("ipyparallel.client.client")
+    source = inspect.getsource(client.Client.__init__)
+    assert "self._config = cfg" in source, "ipyparallel Client no longer keeps _config"
+    assert "location" in inspect.getsource(client.Client), "Client._config has no location"
+
+    class Client:
+        def __init__(self):
+            self._config = {"location": "10.0.0.5"}
+
+    assert private.client_location(Client()) == "10.0.0.5"
+    assert private.client_location(None) is None
 
 
 def test_ipyparallel_engine_keeps_its_sigterm_handler():

@@ -62,7 +62,7 @@ def reform(generation: str) -> dict[str, Any]:
     """
     try:
         with _sigint_ignored():
-            group = getattr(state.strategy(), "_group", None)
+            group = state.group()
             if group is not None:
                 group.reform(generation)
     except BaseException as error:

@@ -86,4 +86,4 @@ def rank() -> int | None:
 
 def group() -> Any | None:
     """The strategy's process group (`nbdist.collectives` group), or None without one."""
-    return getattr(_state["strategy"], "_group", None)
+    return getattr(_state["strategy"], "process_group", None)

@@ -51,6 +51,27 @@ __all__ = [
 _PING_S = 0.5
 
 
+class Outcome:
+    """What a scheduled function gave: set once by the coordinator (`succeed` or `fail`),
+    read by the function's `RemoteValue`."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.worker: int | None = None
+
+    def succeed(self, value: Any, worker: int) -> None:
+        """The function returned `value` on worker task `worker`."""
+        self.value, self.worker = value, worker
+        self.done.set()
+
+    def fail(self, error: BaseException, worker: int | None = None) -> None:
+        """The function raised `error` (on `worker`; None: cancelled before it ran)."""
+        self.error, self.worker = error, worker
+        self.done.set()
+
+
 class RemoteValue:
     """The result of a scheduled function, available once a worker ran it.
 
@@ -59,28 +80,22 @@ class RemoteValue:
     because an earlier one failed raises `CancelledError`.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, outcome: Outcome | None = None):
         self._name = name
-        self._done = threading.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.worker: int | None = None
+        self._outcome = outcome if outcome is not None else Outcome()
+
+    @property
+    def worker(self) -> int | None:
         """Index of the worker task that ran the function (None until it ran)."""
-
-    def _set(self, value: Any, worker: int) -> None:
-        self._value, self.worker = value, worker
-        self._done.set()
-
-    def _fail(self, error: BaseException, worker: int | None = None) -> None:
-        self._error, self.worker = error, worker
-        self._done.set()
+        return self._outcome.worker
 
     def get(self) -> Any:
         """Wait for the function and return its value (tensors stay tensors)."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
+        outcome = self._outcome
+        outcome.done.wait()
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
 
     def fetch(self) -> Any:
         """Wait for the function and return its value with tensors as NumPy arrays."""
@@ -98,7 +113,7 @@ class RemoteValue:
         )
 
     def __repr__(self) -> str:
-        state = "done" if self._done.is_set() else "pending"
+        state = "done" if self._outcome.done.is_set() else "pending"
         return f"<RemoteValue of {self._name}: {state}>"
 
 
@@ -109,7 +124,8 @@ class PerWorkerDataset:
     def __init__(self, coordinator: ClusterCoordinator, dataset_id: int, fn_bytes: bytes):
         self._coordinator = coordinator
         self.id = dataset_id
-        self._fn_bytes = fn_bytes
+        self.fn_bytes = fn_bytes
+        """The pickled `dataset_fn` that every worker builds its dataset from."""
         self._iterators = itertools.count()
 
     def __iter__(self) -> PerWorkerIterator:
@@ -146,7 +162,8 @@ class _Closure:
     def __init__(self, name: str, payload: bytes):
         self.name = name
         self.payload = payload
-        self.value = RemoteValue(name)
+        self.outcome = Outcome()
+        self.value = RemoteValue(name, self.outcome)
 
 
 class ClusterCoordinator:
@@ -176,7 +193,7 @@ class ClusterCoordinator:
         if channels is None:
             channels = [
                 SocketChannel(address, f"/job:worker/task:{i}")
-                for i, address in enumerate(strategy._worker_addresses)
+                for i, address in enumerate(strategy.worker_addresses)
             ]
             strategy.worker_channels = channels
         self._cond = threading.Condition()
@@ -341,7 +358,7 @@ class ClusterCoordinator:
             return ("dataset", obj.id)
         if isinstance(obj, RemoteValue):
             obj.__reduce__()  # raises: a RemoteValue nested in an argument
-        return self.strategy._reference(obj)
+        return self.strategy.closure_reference(obj)
 
     def _encode(self, name: str, fn: Any, args: tuple, kwargs: dict) -> bytes:
         try:
@@ -357,7 +374,7 @@ class ClusterCoordinator:
                 "locks, files or connections inside the function instead."
             ) from None
         header = {
-            "ps": self.strategy._ps_addresses,
+            "ps": list(self.strategy.ps_addresses),
             "timeout": self.strategy.timeout,
             "closure": closure,
         }
@@ -366,7 +383,7 @@ class ClusterCoordinator:
     def _cancel_queued(self, error: BaseException) -> None:
         while self._queue:
             closure = self._queue.popleft()
-            closure.value._fail(error)
+            closure.outcome.fail(error)
 
     def _next_closure(self) -> _Closure | None:
         with self._cond:
@@ -422,7 +439,7 @@ class ClusterCoordinator:
         for dataset in list(self._datasets):
             if dataset.id in built:
                 continue
-            reply = channel.call("make_dataset", dataset.id, dataset._fn_bytes)
+            reply = channel.call("make_dataset", dataset.id, dataset.fn_bytes)
             if "error" in reply:
                 raise _labelled(reply, worker, "create_per_worker_dataset's dataset_fn")
             built.add(dataset.id)
@@ -432,10 +449,10 @@ class ClusterCoordinator:
         with self._cond:
             self._inflight -= 1
             if "error" not in reply:
-                closure.value._set(reply["value"], worker)
+                closure.outcome.succeed(reply["value"], worker)
             else:
                 error = _labelled(reply, worker, closure.name)
-                closure.value._fail(error, worker)
+                closure.outcome.fail(error, worker)
                 if isinstance(error, PSUnavailableError):
                     self._ps_failed(error)
                 elif self._error is None:
@@ -457,7 +474,7 @@ class ClusterCoordinator:
     def _watch_ps(self) -> None:
         clients = [
             PSClient(i, address, timeout=min(self.strategy.timeout, 30.0))
-            for i, address in enumerate(self.strategy._ps_addresses)
+            for i, address in enumerate(self.strategy.ps_addresses)
         ]
         try:
             while not self._stopped and self._ps_error is None:

@@ -73,6 +73,15 @@ class PSTask:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def refuse_clients(self) -> None:
+        """Stop accepting clients without waiting (the accept thread ends within 5 ms)."""
+        self._stopped.set()
+
+    @property
+    def serving(self) -> bool:
+        """True while a client's session is running."""
+        return bool(self._live)
+
     def wait(self) -> None:
         """Block until `stop()`."""
         self._stopped.wait()
@@ -202,12 +211,12 @@ def _stop_at_exit(wait_s: float = 1.0) -> None:
     from nbdist.strategies.parameter_server.transport import close_clients
 
     for task in _tasks:
-        task._stopped.set()
+        task.refuse_clients()
     close_clients()
     deadline = time.monotonic() + wait_s
     for task in _tasks:
         task.stop()
-        while task._live and time.monotonic() < deadline:
+        while task.serving and time.monotonic() < deadline:
             time.sleep(0.01)  # a session's thread returns once it has read its client's "bye"
 
 

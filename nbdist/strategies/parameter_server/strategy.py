@@ -27,11 +27,10 @@ import torch
 from nbdist import context
 from nbdist.cluster_resolver import ClusterSpec
 from nbdist.errors import ArgumentTypeError, ClusterConfigError, ContextError
-from nbdist.strategies.base import Strategy
+from nbdist.strategies.base import Strategy, module_registration_hooks
 from nbdist.strategies.parameter_server.closures import VarSpec
 from nbdist.strategies.parameter_server.placement import Shard, check_partition, shard_rows
-from nbdist.strategies.parameter_server.transport import PSClient
-from nbdist.strategies.parameter_server.variables import PSVariable
+from nbdist.strategies.parameter_server.variables import PSVariable, ShardStore
 
 __all__ = ["ParameterServerStrategy"]
 
@@ -95,7 +94,8 @@ class ParameterServerStrategy(Strategy):
         )
         self.timeout = 300.0
         """Seconds a ps read or update may take before the ps counts as unavailable."""
-        self._clients: dict[int, PSClient] = {}
+        self.store = ShardStore(self._ps_addresses, lambda: self.timeout)
+        """The chief's clients of the ps tasks (what its variables read and write through)."""
         self._specs: dict[int, VarSpec] = {}  # id(object) -> spec
         self._objects: dict[int, Any] = {}  # vid -> object (keeps ids valid)
         self._placements: dict[int, list[Shard]] = {}
@@ -119,18 +119,19 @@ class ParameterServerStrategy(Strategy):
         """The number of ps tasks."""
         return len(self._ps_addresses)
 
-    def _client(self, ps: int) -> PSClient:
-        if ps not in self._clients:
-            self._clients[ps] = PSClient(ps, self._ps_addresses[ps], self.timeout)
-        return self._clients[ps]
+    @property
+    def ps_addresses(self) -> tuple[str, ...]:
+        """The ps tasks' `host:port` addresses, by task index."""
+        return tuple(self._ps_addresses)
+
+    @property
+    def worker_addresses(self) -> tuple[str, ...]:
+        """The worker tasks' `host:port` addresses, by task index."""
+        return tuple(self._worker_addresses)
 
     # -- scope: variables and module parameters go to the ps tasks ---------------------------
     @contextlib.contextmanager
     def _scope_hooks(self) -> Iterator[None]:
-        if self._scope_depth > 1:
-            yield
-            return
-        register = torch.nn.modules.module
         fresh: list[tuple[str, torch.nn.Parameter]] = []
 
         def capture(module: torch.nn.Module, name: str, tensor: Any) -> None:
@@ -145,13 +146,12 @@ class ParameterServerStrategy(Strategy):
                     (tensor, self._reserve(tensor, name, "parameter", tensor.requires_grad))
                 )
 
-        handle = register.register_module_parameter_registration_hook(capture)
         try:
-            yield
+            with module_registration_hooks(capture, buffers=False, submodules=False):
+                yield
         finally:
-            handle.remove()
             for param, spec in fresh:
-                self._assign_spec(spec, param.detach())
+                self.store.assign(spec, param.detach())
 
     def _create_variable(
         self,
@@ -166,30 +166,41 @@ class ParameterServerStrategy(Strategy):
         if callable(initial_value):
             initial_value = initial_value()
         value = torch.as_tensor(initial_value, dtype=dtype).detach().cpu().clone()
-        from nbdist.variables import VariableAggregation, VariableSynchronization, _enum
+        from nbdist.variable_options import (
+            VariableAggregation,
+            VariableSynchronization,
+            option_member,
+        )
 
-        sync = _enum(VariableSynchronization, synchronization or "AUTO", "synchronization")
+        sync = option_member(VariableSynchronization, synchronization or "AUTO", "synchronization")
         on_read = sync is VariableSynchronization.ON_READ
         trainable = (not on_read) if trainable is None else bool(trainable)
-        variable = self._place(value, name or "Variable", "variable", trainable)
         # One copy on the ps, which every worker's updates change: read on the chief it is
         # the sum of the workers' updates (the aggregate a sync-on-read variable promises).
-        variable._synchronization = sync if on_read else VariableSynchronization.ON_WRITE
-        variable._aggregation = _enum(VariableAggregation, aggregation or "NONE", "aggregation")
-        return variable
+        options = {
+            "synchronization": sync if on_read else VariableSynchronization.ON_WRITE,
+            "aggregation": option_member(VariableAggregation, aggregation or "NONE", "aggregation"),
+        }
+        return self._place(value, name or "Variable", "variable", trainable, options)
 
     def _unique(self, name: str) -> str:
         count = self._names.get(name, 0)
         self._names[name] = count + 1
         return name if count == 0 else f"{name}_{count}"
 
-    def _place(self, obj: Any, name: str, kind: str, trainable: bool) -> Any:
-        spec = self._reserve(obj, name, kind, trainable)
-        self._assign_spec(spec, obj.detach())
+    def _place(
+        self, obj: Any, name: str, kind: str, trainable: bool, options: dict | None = None
+    ) -> Any:
+        spec = self._reserve(obj, name, kind, trainable, options)
+        self.store.assign(spec, obj.detach())
         return self._objects[spec.vid]
 
-    def _reserve(self, obj: Any, name: str, kind: str, trainable: bool) -> VarSpec:
-        """Decide where `obj`'s shards live (round-robin) and remember it; writes nothing."""
+    def _reserve(
+        self, obj: Any, name: str, kind: str, trainable: bool, options: dict | None = None
+    ) -> VarSpec:
+        """Decide where `obj`'s shards live (round-robin) and remember it; writes nothing.
+        A variable (`kind` "variable") is made with `options` (its synchronization and
+        aggregation)."""
         tensor = obj.detach()
         shape = tuple(tensor.shape)
         name = self._unique(name)
@@ -209,32 +220,15 @@ class ParameterServerStrategy(Strategy):
             offset += count
         vid = next(self._ids)
         spec = VarSpec(vid, name, shape, tensor.dtype, trainable, kind, tuple(refs))
-        result = obj if kind == "parameter" else PSVariable(self, spec, shards, trainable)
+        result = (
+            obj
+            if kind == "parameter"
+            else PSVariable(self.store, spec, shards, trainable, **(options or {}))
+        )
         self._specs[id(result)] = spec
         self._objects[vid] = result
         self._placements[vid] = shards
         return spec
-
-    def _split(self, spec: VarSpec, tensor: torch.Tensor) -> dict[int, dict[int, torch.Tensor]]:
-        out: dict[int, dict[int, torch.Tensor]] = {}
-        row = 0
-        for ps, shard, rows in spec.shards:
-            part = tensor[row : row + rows] if len(spec.shards) > 1 else tensor
-            out.setdefault(ps, {})[shard] = part.contiguous()
-            row += rows
-        return out
-
-    def _assign_spec(self, spec: VarSpec, tensor: torch.Tensor) -> None:
-        for ps, values in self._split(spec, tensor.detach().cpu()).items():
-            self._client(ps).assign(values)
-
-    def _add_spec(self, spec: VarSpec, tensor: torch.Tensor) -> None:
-        for ps, values in self._split(spec, tensor.detach().cpu()).items():
-            self._client(ps).add(values)
-
-    def _read_spec(self, spec: VarSpec) -> torch.Tensor:
-        parts = [self._client(ps).read([shard])[0] for ps, shard, _ in spec.shards]
-        return (parts[0] if len(parts) == 1 else torch.cat(parts, 0)).reshape(spec.shape)
 
     # -- beyond TF: the chief's copies ------------------------------------------------------
     def _tracked(self, obj: Any) -> list[tuple[Any, VarSpec]]:
@@ -272,7 +266,7 @@ class ParameterServerStrategy(Strategy):
         with torch.no_grad():
             for item, spec in self._tracked(obj):
                 if isinstance(item, torch.Tensor):
-                    item.copy_(self._read_spec(spec))
+                    item.copy_(self.store.read(spec))
         return obj
 
     def push(self, obj: Any) -> Any:
@@ -289,7 +283,7 @@ class ParameterServerStrategy(Strategy):
         for item, spec in self._tracked(obj):
             value = item.detach() if isinstance(item, torch.Tensor) else item.read_value()
             if isinstance(item, torch.Tensor):
-                self._assign_spec(spec, value)
+                self.store.assign(spec, value)
         return obj
 
     def placement(self, tensor: Any) -> tuple[Shard, ...]:
@@ -301,7 +295,7 @@ class ParameterServerStrategy(Strategy):
             )
         return tuple(self._placements[spec.vid])
 
-    def _reference(self, obj: Any) -> Any:
+    def closure_reference(self, obj: Any) -> Any:
         """What travels to a worker instead of `obj` (closures.dumps_closure), else None."""
         if obj is self:
             return ("strategy",)
@@ -364,9 +358,7 @@ class ParameterServerStrategy(Strategy):
 
     def close(self) -> None:
         """Close this process's connections to the ps tasks."""
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
+        self.store.close()
 
     def __repr__(self) -> str:
         return (

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nbdist._private_api import gloo_options
 from nbdist.errors import PSUnavailableError
 
 __all__ = ["PSClient", "Pair", "close_clients", "connect_store", "form_pair", "split_address"]
@@ -55,13 +56,8 @@ def connect_store(address: str, timeout: float) -> dist.TCPStore:
 
 
 def _options(host: str, timeout: float) -> Any:
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = datetime.timedelta(seconds=timeout)
-    if host.startswith("127.") or host == "localhost":
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    else:
-        options._devices = [dist.ProcessGroupGloo.create_default_device()]
-    return options
+    loopback = host.startswith("127.") or host == "localhost"
+    return gloo_options(datetime.timedelta(seconds=timeout), loopback)
 
 
 def form_pair(store: Any, session: int, rank: int, host: str, timeout: float) -> Pair:

@@ -164,7 +164,7 @@ def _local_object(spec: VarSpec) -> Any:
 
 
 def _tensor_of(obj: Any) -> torch.Tensor:
-    return obj.data if isinstance(obj, torch.Tensor) else obj._tensor
+    return obj.data if isinstance(obj, torch.Tensor) else obj.read_value_no_copy()
 
 
 def run_closure(payload: bytes) -> dict[str, Any]:
