@@ -45,6 +45,7 @@ from nbdist.errors import (
     ClusterConfigError,
     CollectiveMismatchError,
     InvalidArgumentError,
+    NbdistWarning,
     RedundantDDPError,
     ReplicasDivergedError,
 )
@@ -510,7 +511,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 "strategy.scope(), so their gradients are not averaged across workers and the "
                 "workers' copies will drift apart. Create the model (and optimizer) inside "
                 "`with strategy.scope():`.",
-                UserWarning,
+                NbdistWarning,
                 stacklevel=4,
             )
 
