@@ -18,6 +18,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointKeyError",
     "CheckpointMismatchError",
+    "CheckpointStateWarning",
     "CheckpointTypeError",
     "ClusterConfigError",
     "CollectiveMismatchError",
@@ -27,6 +28,7 @@ __all__ = [
     "FileWriteError",
     "InvalidArgumentError",
     "NbdistError",
+    "NbdistWarning",
     "PSUnavailableError",
     "ParameterInRunError",
     "RedundantDDPError",
@@ -279,3 +281,22 @@ def _rebuild_ps_error(message: str, ps: int | None, address: str | None) -> PSUn
 class CancelledError(NbdistError, RuntimeError):
     """A function scheduled on a `ClusterCoordinator` was cancelled, not run, because an earlier
     function failed; schedule it again."""
+
+
+class NbdistWarning(UserWarning):
+    """Base class of every warning nbdist gives (nbdist's own tests turn them into errors
+    unless a test expects one: pyproject.toml's `filterwarnings`).
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as seen:
+        ...     warnings.simplefilter("always")
+        ...     warnings.warn("careful", NbdistWarning)
+        >>> issubclass(seen[0].category, UserWarning)
+        True
+    """
+
+
+class CheckpointStateWarning(NbdistWarning, RuntimeWarning):
+    """A checkpoint directory's state file cannot be read, or names a checkpoint that does not
+    exist: it is ignored (as TensorFlow ignores it) and no earlier checkpoint is known."""

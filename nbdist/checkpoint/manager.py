@@ -49,7 +49,12 @@ from nbdist.checkpoint.save_restore import (
 )
 from nbdist.checkpoint.state_file import CheckpointState, read_state, write_state
 from nbdist.checkpoint.workers import Workers
-from nbdist.errors import ArgumentTypeError, CheckpointError, InvalidArgumentError
+from nbdist.errors import (
+    ArgumentTypeError,
+    CheckpointError,
+    CheckpointStateWarning,
+    InvalidArgumentError,
+)
 
 __all__ = ["CheckpointManager", "latest_checkpoint"]
 
@@ -352,7 +357,7 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> str | None:
         warnings.warn(
             f"The state file in {directory!r} names {state.model_checkpoint_path!r}, which does "
             f"not exist; no checkpoint is returned.",
-            RuntimeWarning,
+            CheckpointStateWarning,
             stacklevel=3,
         )
         return None

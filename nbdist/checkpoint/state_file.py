@@ -37,7 +37,7 @@ import os
 import tempfile
 import warnings
 
-from nbdist.errors import CheckpointError
+from nbdist.errors import CheckpointError, CheckpointStateWarning
 
 __all__ = ["STATE_FILE", "CheckpointState", "read_state", "write_state"]
 
@@ -109,7 +109,7 @@ def read_state(directory: str) -> CheckpointState | None:
     warnings.warn(
         f"The checkpoint state file {target!r} cannot be read ({parsed}); it is ignored, as "
         f"TensorFlow ignores it: no earlier checkpoint is known in {directory!r}.",
-        RuntimeWarning,
+        CheckpointStateWarning,
         stacklevel=3,
     )
     return None

@@ -16,12 +16,13 @@ import numpy as np
 import torch
 
 from nbdist._private_api import pytree
+from nbdist.errors import NbdistWarning
 from nbdist.input.errors import InputError, InputTypeError
 
 __all__ = ["Batch", "EmptyReplicaBatchWarning", "empty_like", "split_batch", "warn_if_empty"]
 
 
-class EmptyReplicaBatchWarning(UserWarning):
+class EmptyReplicaBatchWarning(NbdistWarning):
     """A global batch had too few examples to give every replica one (TensorFlow's rule: the
     last replicas get empty batches). A mean over an empty batch is `nan`; this warning says
     so instead of letting a `nan` loss pass silently."""

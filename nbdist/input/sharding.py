@@ -56,11 +56,15 @@ class WorkerBatchSampler(Sampler[list[int]]):
     probe if there was one. `len()` is the number of global batches.
 
     Example:
+        >>> import warnings
         >>> from torch.utils.data import BatchSampler, SequentialSampler
         >>> sampler = WorkerBatchSampler(BatchSampler(SequentialSampler(range(9)), 8, False),
         ...                              replica_ids=(1,), total=2)
-        >>> list(sampler), list(sampler.record)
-        ([[4, 5, 6, 7]], [('read', (4,)), ('skip', (0,))])
+        >>> with warnings.catch_warnings(record=True) as said:  # the 9th row alone: one empty
+        ...     warnings.simplefilter("always")
+        ...     taken = list(sampler)
+        >>> taken, list(sampler.record), [type(w.message).__name__ for w in said]
+        ([[4, 5, 6, 7]], [('read', (4,)), ('skip', (0,))], ['EmptyReplicaBatchWarning'])
     """
 
     def __init__(

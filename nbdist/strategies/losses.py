@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from nbdist import context
-from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
+from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError, NbdistWarning
 from nbdist.strategies.current import (
     get_replica_context,
     get_strategy,
@@ -247,6 +247,7 @@ def _warn_if_larger_than_global(local: int, global_batch_size: int, replicas: in
             f"of global_batch_size={global_batch_size} over {replicas} replicas allows. Pass "
             "the global batch size (all replicas together), not the per-replica one; as it "
             "is, the gradient is scaled by (examples seen) / global_batch_size.",
+            NbdistWarning,
             stacklevel=3,
         )
 

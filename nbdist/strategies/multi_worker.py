@@ -42,6 +42,7 @@ from nbdist.errors import (
     ClusterConfigError,
     CollectiveMismatchError,
     InvalidArgumentError,
+    NbdistWarning,
     ReplicasDivergedError,
 )
 from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
@@ -502,7 +503,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 "strategy.scope(), so their gradients are not averaged across workers and the "
                 "workers' copies will drift apart. Create the model (and optimizer) inside "
                 "`with strategy.scope():`.",
-                UserWarning,
+                NbdistWarning,
                 stacklevel=4,
             )
 

@@ -7,50 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-SWALLOWED = r"""
-import os, signal, sys, weakref
-from nbdist.app.interrupts import raise_if_interrupted, remembered_interrupts
+from tests.cli.workers import worker_source
 
-class Thing:
-    pass
+SWALLOWED = worker_source("swallowed_interrupt")
 
-landed = []
-
-def finalizer(_):
-    landed.append("inside")
-    os.kill(os.getpid(), signal.SIGINT)
-    for _ in range(100_000):  # the handler runs by here, inside the callback, and is swallowed
-        pass
-    landed.append("after")
-
-before = signal.getsignal(signal.SIGINT), sys.unraisablehook
-with remembered_interrupts():
-    thing = Thing()
-    ref = weakref.ref(thing, finalizer)
-    del thing
-    print("landed:", landed, flush=True)
-    try:
-        raise_if_interrupted()
-        print("not raised")
-    except KeyboardInterrupt:
-        print("raised again")
-raise_if_interrupted()  # outside: forgotten
-print("handlers restored:", (signal.getsignal(signal.SIGINT), sys.unraisablehook) == before)
-"""
-
-PLAIN = r"""
-import os, signal
-from nbdist.app.interrupts import raise_if_interrupted, remembered_interrupts
-with remembered_interrupts():
-    raise_if_interrupted()
-    try:
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(100_000):
-            pass
-        print("not delivered")
-    except KeyboardInterrupt:
-        print("delivered at once")
-"""
+PLAIN = worker_source("plain_interrupt")
 
 
 def _run(code: str) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -544,25 +545,31 @@ def test_status_lists_alive_engines(cluster):
 
 
 def test_round_trip_time(cluster):
-    """Print (not assert) a remote run's round trip against a bare ipyparallel apply."""
+    """A remote run's round trip stays close to a bare ipyparallel apply on the same engines.
+
+    benchmarks/bench_engines.py holds `strategy.run` to <= 1.5x `DirectView.apply_sync`; here,
+    on a shared machine, the bound is looser (2.5x + 10 ms, medians of interleaved rounds),
+    enough to catch an extra round trip or a wait per call, not noise."""
     view = cluster.client.direct_view([e.id for e in cluster.engines])
     noop = interactive(lambda: None)
-    rounds = 20
     for _ in range(3):
         cluster.strategy.run(noop)
         view.apply_sync(noop)
-    begin = time.perf_counter()
-    for _ in range(rounds):
-        cluster.strategy.run(noop)
-    run_s = (time.perf_counter() - begin) / rounds
-    begin = time.perf_counter()
-    for _ in range(rounds):
+    runs, applies = [], []
+    for _ in range(20):  # interleaved: load on the machine hits both alike
+        begin = time.perf_counter()
+        result = cluster.strategy.run(noop)
+        runs.append(time.perf_counter() - begin)
+        begin = time.perf_counter()
         view.apply_sync(noop)
-    apply_s = (time.perf_counter() - begin) / rounds
+        applies.append(time.perf_counter() - begin)
+    run_s, apply_s = statistics.median(runs), statistics.median(applies)
     print(
         f"\nround trip over 2 engines: strategy.run {run_s * 1e3:.1f} ms, "
         f"DirectView.apply_sync {apply_s * 1e3:.1f} ms"
     )
+    assert result is None  # every replica returned None
+    assert run_s <= 2.5 * apply_s + 0.010, (run_s, apply_s)
 
 
 # -- a cluster of its own: stop, restart, release -------------------------------------------------

@@ -15,202 +15,22 @@ import pytest
 import torch
 
 from nbdist.testing import assert_all_ok, free_port, run_workers, torchrun_env
+from tests.dist.workers import worker_source
 
 pytestmark = pytest.mark.dist
 
 LAUNCH_TIMEOUT = 90
 STEPS, SAVE_AT, GLOBAL_BATCH = 8, 3, 12
 
-TRAIN = r"""
-import os
-import torch
-torch.set_num_threads(1)
-import nbdist as nd
-from torch.utils.data import DataLoader, TensorDataset
+TRAIN = worker_source("checkpoint_train")
 
-PHASE, CKPT = os.environ["PHASE"], os.environ["CKPT"]
-STEPS, SAVE_AT, GLOBAL_BATCH = int(os.environ["STEPS"]), int(os.environ["SAVE_AT"]), 12
-
-strategy = nd.MultiWorkerMirroredStrategy()
-data = torch.Generator().manual_seed(0)
-x = torch.randn(STEPS * GLOBAL_BATCH, 5, generator=data)
-y = x @ torch.randn(5, 2, generator=data)
-# A plain DataLoader over a map-style dataset: sharded by index across workers; its shuffled
-# order comes from a generator seeded the same on every worker and in every launch.
-loader = DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH, shuffle=True,
-                    generator=torch.Generator().manual_seed(7))
-torch.manual_seed(1)
-with strategy.scope():
-    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    seen = nd.Variable(0.0, synchronization="ON_READ", aggregation="SUM")
-iterator = iter(strategy.experimental_distribute_dataset(loader))
+ERRORS = worker_source("checkpoint_errors")
 
 
-def step(batch):
-    inputs, targets = batch
-    loss = torch.nn.functional.mse_loss(model(inputs), targets)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    seen.assign_add(float(len(inputs)))
+ONLY_WRITER = worker_source("checkpoint_only_writer")
 
 
-objects = dict(model=model, optimizer=optimizer, seen=seen, iterator=iterator)
-if PHASE == "resume":
-    nd.checkpoint.restore(CKPT, **objects)
-start = SAVE_AT if PHASE == "resume" else 0
-stop = SAVE_AT if PHASE == "first" else STEPS
-for _ in range(start, stop):
-    strategy.run(step, args=(next(iterator),))
-if PHASE == "first":
-    nd.checkpoint.save(CKPT, **objects)
-left = sum(1 for _ in iterator)
-report({
-    "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
-    "seen": float(seen.read_value()),
-    "left": left,
-    "ckpt_exists_after_save": os.path.exists(CKPT),
-})
-strategy.shutdown()
-"""
-
-ERRORS = r"""
-import os, pathlib, time
-import torch
-torch.set_num_threads(1)
-import nbdist as nd
-import nbdist.checkpoint.save_restore as save_restore
-
-strategy = nd.MultiWorkerMirroredStrategy(
-    communication_options=nd.experimental.CommunicationOptions(timeout_seconds=30))
-rank = strategy.cluster_resolver.task_id
-folder = pathlib.Path(os.environ["FOLDER"])
-writes = []
-real_write = save_restore.write_atomic
-save_restore.write_atomic = lambda *a, **k: (writes.append(a[0]), real_write(*a, **k))
-
-
-def attempt(fn, *args, **kwargs):
-    started = time.monotonic()
-    try:
-        fn(*args, **kwargs)
-        return {"ok": True, "elapsed": time.monotonic() - started}
-    except Exception as error:
-        return {"type": type(error).__name__, "message": str(error),
-                "bases": [c.__name__ for c in type(error).__mro__],
-                "elapsed": time.monotonic() - started}
-
-
-with strategy.scope():
-    model = torch.nn.Linear(64, 64)
-    total = nd.Variable(0.0, synchronization="ON_READ", aggregation="SUM")
-strategy.run(lambda: total.assign(float(rank + 1)))
-out = {}
-good = str(folder / "good.pt")
-out["save"] = attempt(nd.checkpoint.save, good, model=model, total=total)
-out["writes"] = len(writes)
-out["saved_total"] = nd.checkpoint.read(good)["total"]["value"].item()
-(folder / "afile").write_text("x")  # a file where a directory should be
-out["unwritable"] = attempt(nd.checkpoint.save, str(folder / "afile" / "c.pt"), model=model)
-out["another_model"] = attempt(nd.checkpoint.restore, good, model=torch.nn.Linear(64, 3))
-truncated = folder / "truncated.pt"
-if rank == 0:
-    data = pathlib.Path(good).read_bytes()
-    truncated.write_bytes(data[: len(data) // 2])
-strategy.run(lambda: nd.get_replica_context().all_reduce("sum", torch.ones(1)))  # a barrier
-out["truncated"] = attempt(nd.checkpoint.restore, str(truncated), model=model)
-# The file exists on "one host" only: worker 1 looks for it elsewhere.
-one_host = good if rank == 0 else str(folder / "elsewhere.pt")
-out["missing_on_one_worker"] = attempt(nd.checkpoint.restore, one_host, model=model)
-out["still_usable"] = attempt(nd.checkpoint.restore, good, model=model, total=total)
-# An integer SUM counter keeps its exact total through save, restore and assign (issue 23).
-with strategy.scope():
-    seen = nd.Variable(0, synchronization="ON_READ", aggregation="SUM", dtype=torch.int64)
-    restored = nd.Variable(0, synchronization="ON_READ", aggregation="SUM", dtype=torch.int64)
-strategy.run(lambda: seen.assign(4 + rank))  # 4 + 5 = 9 across the workers
-counted = str(folder / "counted.pt")
-nd.checkpoint.save(counted, seen=seen)
-nd.checkpoint.restore(counted, seen=restored)
-out["int_sum"] = {"saved": int(seen.read_value()), "restored": int(restored.read_value()),
-                  "component": strategy.run(lambda: int(restored.read_value()))}
-restored.assign(5)
-out["int_sum"]["assigned"] = int(restored.read_value())
-report(out)
-strategy.shutdown()
-"""
-
-
-ONLY_WRITER = r"""
-import os, pathlib, time
-import torch
-torch.set_num_threads(1)
-import nbdist as nd
-
-strategy = nd.MultiWorkerMirroredStrategy(
-    communication_options=nd.experimental.CommunicationOptions(timeout_seconds=5))
-rank = strategy.cluster_resolver.task_id
-done = pathlib.Path(os.environ["FOLDER"]) / "done"
-with strategy.scope():
-    model = torch.nn.Linear(2, 2)
-out = {}
-if strategy.extended.should_checkpoint:  # the mistake: only the writer calls save
-    started = time.monotonic()
-    try:
-        nd.checkpoint.save(os.path.join(os.environ["FOLDER"], "c.pt"), model=model)
-        out = {"ok": True}
-    except Exception as error:
-        out = {"type": type(error).__name__, "message": str(error),
-               "elapsed": time.monotonic() - started}
-    done.touch()
-else:  # stays alive (heartbeats) and takes no part
-    deadline = time.monotonic() + 60
-    while not done.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-report(out)
-"""
-
-
-MANAGER = r"""
-import os, pathlib
-import torch
-torch.set_num_threads(1)
-import nbdist as nd
-import nbdist.checkpoint.fileformat as fileformat
-
-strategy = nd.MultiWorkerMirroredStrategy(
-    communication_options=nd.experimental.CommunicationOptions(timeout_seconds=30))
-rank = strategy.cluster_resolver.task_id
-folder = pathlib.Path(os.environ["FOLDER"]) / "new" / "ckpts"  # missing: the writer makes it
-writes = []
-real_write = fileformat.write_atomic
-fileformat.write_atomic = lambda *a, **k: (writes.append(a[0]), real_write(*a, **k))
-import nbdist.checkpoint.save_restore as save_restore
-save_restore.write_atomic = fileformat.write_atomic
-torch.manual_seed(rank)  # different until the strategy mirrors them
-with strategy.scope():
-    model = torch.nn.Linear(4, 2)
-manager = nd.checkpoint.CheckpointManager(folder, max_to_keep=2, model=model)
-paths = [os.path.basename(manager.save()) for _ in range(3)]
-out = {"paths": paths, "checkpoints": [os.path.basename(p) for p in manager.checkpoints],
-       "files": sorted(os.listdir(folder)), "writes": len(writes)}
-strategy.run(lambda: nd.get_replica_context().all_reduce("sum", torch.ones(1)))  # a barrier
-with torch.no_grad():
-    model.weight.zero_()
-again = nd.checkpoint.CheckpointManager(folder, max_to_keep=2, model=model)
-out["restored"] = os.path.basename(again.restore_or_initialize())
-out["weight_nonzero"] = bool(model.weight.abs().sum() > 0)
-out["next"] = os.path.basename(again.save())
-out["after"] = [os.path.basename(p) for p in again.checkpoints]
-blocked = pathlib.Path(os.environ["FOLDER"]) / "run.log"
-blocked.write_text("x")
-try:
-    nd.checkpoint.CheckpointManager(blocked / "ckpts", model=model)
-except nd.CheckpointError as error:
-    out["blocked"] = str(error)
-report(out)
-strategy.shutdown()
-"""
+MANAGER = worker_source("checkpoint_manager")
 
 
 def test_checkpoint_manager_on_two_workers_one_writes_every_worker_knows(tmp_path):
@@ -343,38 +163,7 @@ def test_the_example_script_resumes_on_three_workers(tmp_path):
     assert _ACCURACY.findall(resumed) == _ACCURACY.findall(uninterrupted)
 
 
-UNEVEN = r"""
-import os, pathlib
-import torch
-torch.set_num_threads(1)
-import nbdist as nd
-
-strategy = nd.MultiWorkerMirroredStrategy(
-    communication_options=nd.experimental.CommunicationOptions(timeout_seconds=30))
-rank = strategy.cluster_resolver.task_id
-with strategy.scope():
-    model = torch.nn.Linear(2, 2)
-data = [torch.full((4, 2), float(i)) for i in range(6)]
-iterator = iter(strategy.experimental_distribute_dataset(data))
-next(iterator)
-if rank == 0:
-    next(iterator)  # worker 0 is one batch ahead of worker 1
-path = os.path.join(os.environ["FOLDER"], "uneven.pt")
-out = {}
-try:
-    nd.checkpoint.save(path, model=model, iterator=iterator)
-    out["save"] = {"ok": True}
-except Exception as error:
-    out["save"] = {"type": type(error).__name__, "message": str(error),
-                   "bases": [c.__name__ for c in type(error).__mro__]}
-out["written"] = os.path.exists(path)
-if rank == 1:
-    next(iterator)  # the same step on both: now the save goes through
-nd.checkpoint.save(path, model=model, iterator=iterator)
-out["saved_batches"] = nd.checkpoint.read(path)["iterator"]["batches"]
-report(out)
-strategy.shutdown()
-"""
+UNEVEN = worker_source("checkpoint_uneven")
 
 
 def test_a_save_with_workers_at_different_iterator_positions_is_refused_on_both(tmp_path):

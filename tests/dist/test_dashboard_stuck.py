@@ -17,48 +17,12 @@ from nbdist.testing import assert_all_ok, free_port, run_workers, torchrun_env
 from nbdist.timeline import STUCK_S
 from nbdist.widgets._data import _merge_pending
 from nbdist.widgets.reductions import ReductionsView
+from tests.dist.workers import worker_source
 
 pytestmark = pytest.mark.dist
 pytest.importorskip("ipywidgets")
 
-WORKER = r"""
-import os, pickle, threading, time
-from pathlib import Path
-import torch
-torch.set_num_threads(1)
-import nbdist as nd
-
-folder = Path(os.environ["STUCK_DIR"])
-strategy = nd.MultiWorkerMirroredStrategy()
-telemetry = strategy.extended.telemetry
-rank = strategy.cluster_resolver.task_id
-done = threading.Event()
-
-
-def publish():  # what the engine feed ships: the marks of the collectives in progress
-    while True:
-        finished = done.is_set()  # one more write after the all_reduce: nothing in progress
-        tmp = folder / f"pending{rank}.tmp"
-        tmp.write_bytes(pickle.dumps(telemetry.tail(0, 0)["pending"]))
-        tmp.replace(folder / f"pending{rank}.pkl")
-        if finished:
-            return
-        done.wait(0.1)
-
-
-publisher = threading.Thread(target=publish)
-publisher.start()
-if rank == 1:
-    deadline = time.monotonic() + 120
-    while not (folder / "release").exists():
-        assert time.monotonic() < deadline, "the test never released worker 1"
-        done.wait(0.1)
-total = strategy.run(lambda: nd.get_replica_context().all_reduce("sum", torch.ones(4)))
-done.set()
-publisher.join(timeout=30)
-report(float(total.sum()))
-strategy.shutdown()
-"""
+WORKER = worker_source("dashboard_stuck")
 
 
 def _pending(folder, rank):

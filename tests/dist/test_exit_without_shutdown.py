@@ -15,33 +15,13 @@ from __future__ import annotations
 import pytest
 
 from nbdist.testing import free_port, run_workers, torchrun_env
+from tests.dist.workers import worker_source
 
 pytestmark = pytest.mark.dist
 
 LAUNCHES = 6
 
-SCRIPT = r"""
-import torch
-torch.set_num_threads(1)
-import nbdist as nd
-
-strategy = nd.MultiWorkerMirroredStrategy()
-with strategy.scope():
-    model = torch.nn.Linear(512, 512)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-x = torch.randn(8, 512)
-
-def step():
-    optimizer.zero_grad()
-    model(x).square().mean().backward()   # gradients averaged in buckets
-    optimizer.step()
-    return nd.get_replica_context().all_reduce("sum", torch.ones(262145))
-
-for _ in range(3):
-    total = strategy.run(step)
-report({"total": float(total[0])})
-# no strategy.shutdown(): the script just ends
-"""
+SCRIPT = worker_source("exit_without_shutdown")
 
 
 @pytest.mark.slow

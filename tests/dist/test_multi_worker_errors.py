@@ -22,52 +22,13 @@ from nbdist.testing import (
     run_workers,
     torchrun_env,
 )
+from tests.dist.workers import worker_source
 
 pytestmark = pytest.mark.dist
 
 LAUNCH_TIMEOUT = 60
 
-PRELUDE = r"""
-import os, pathlib, time
-import torch
-torch.set_num_threads(1)
-import nbdist as nd
-
-Options = nd.experimental.CommunicationOptions
-VARIANT = os.environ.get("VARIANT")
-DONE = pathlib.Path(os.environ.get("DONE_FILE", "/nonexistent"))
-
-
-def describe(error, started):
-    return {
-        "type": type(error).__name__,
-        "bases": [cls.__name__ for cls in type(error).__mro__],
-        "message": str(error),
-        "missing": list(getattr(error, "missing", ())),
-        "elapsed": time.monotonic() - started,
-    }
-
-
-def attempt(fn, *args):
-    started = time.monotonic()
-    try:
-        return {"result": fn(*args), "elapsed": time.monotonic() - started}
-    except Exception as error:
-        return describe(error, started)
-
-
-def finish(rank):
-    # Rank 0 says when it is done; rank 1 stays alive (heartbeat running) until then.
-    if rank == 0:
-        DONE.touch()
-        return
-    deadline = time.monotonic() + 40
-    while not DONE.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-ctx = nd.get_replica_context
-"""
+PRELUDE = worker_source("multi_worker_errors_prelude")
 
 
 def assert_matches(pattern: str, text: str) -> None:

@@ -98,6 +98,7 @@ def train_with(strategy, backend, compile_what):
     return model
 
 
+@pytest.mark.slow  # Dynamo traces each variant: 20-55 s apiece under load
 @pytest.mark.parametrize("compile_what", ["step", "model"])
 @pytest.mark.parametrize("make_strategy", STRATEGIES)
 def test_compiled_training_equals_one_device(make_strategy, compile_what):
@@ -108,6 +109,7 @@ def test_compiled_training_equals_one_device(make_strategy, compile_what):
         torch.testing.assert_close(got.detach(), want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # 20 s under load
 def test_compiled_step_averages_gradients_over_replicas():
     """The replicas' gradients after backward are the mean of their own (never unsynced)."""
     strategy = nd.MirroredStrategy(TWO)
@@ -136,6 +138,7 @@ def test_compiled_step_averages_gradients_over_replicas():
     shutil.which("g++") is None and shutil.which("c++") is None,
     reason="inductor needs a C++ compiler (.ci/run installs g++)",
 )
+@pytest.mark.slow  # a third of the unit run: 290 s of 868 s (pytest tests/unit --durations=15)
 @pytest.mark.timeout(360)  # inductor compiles C++ for the forward and backward: minutes under load
 def test_inductor_compiled_step_on_mirrored_equals_one_device():
     expected = train_one_device("inductor", "step")

@@ -15,6 +15,8 @@ import ast
 import builtins
 from pathlib import Path
 
+import pytest
+
 import nbdist
 
 ROOT = Path(nbdist.__file__).parent
@@ -128,3 +130,48 @@ def test_run_steps_end_of_data_is_input_exhausted_and_still_a_stop_iteration():
 
     assert issubclass(StepsExhaustedError, InputExhaustedError)
     assert issubclass(StepsExhaustedError, StopIteration)
+
+
+def _warning_classes() -> set[str]:
+    import nbdist.input.batches  # noqa: F401  (defines EmptyReplicaBatchWarning)
+    from nbdist.errors import NbdistWarning
+
+    names, pending = set(), [NbdistWarning]
+    while pending:
+        cls = pending.pop()
+        names.add(cls.__name__)
+        pending.extend(cls.__subclasses__())
+    return names
+
+
+def test_every_warning_nbdist_gives_is_an_nbdist_warning():
+    allowed = _warning_classes()
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = node.func if isinstance(node, ast.Call) else None
+            if not (isinstance(func, ast.Attribute) and func.attr == "warn"):
+                continue
+            if not (isinstance(func.value, ast.Name) and func.value.id == "warnings"):
+                continue
+            category = node.args[1] if len(node.args) > 1 else None
+            for keyword in node.keywords:
+                if keyword.arg == "category":
+                    category = keyword.value
+            name = category.id if isinstance(category, ast.Name) else None
+            if name not in allowed:
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                found.append(f"{where} warns {name or 'UserWarning'}")
+    assert not found, "warn with an NbdistWarning subclass (nbdist/errors.py):\n" + "\n".join(found)
+
+
+def test_an_unexpected_nbdist_warning_fails_a_test():
+    """pyproject.toml's filterwarnings turns nbdist's warnings into errors in its tests."""
+    import warnings
+
+    from nbdist.errors import CheckpointStateWarning
+    from nbdist.input.batches import EmptyReplicaBatchWarning
+
+    for category in (EmptyReplicaBatchWarning, CheckpointStateWarning):
+        with pytest.raises(category):
+            warnings.warn("not expected", category, stacklevel=1)

@@ -179,6 +179,7 @@ def test_two_local_replicas_per_worker_follow_the_global_split():
 
 
 @pytest.mark.parametrize("size, batch_size", [(10, 10), (5, 8), (17, 8), (13, 6), (30, 8)])
+@pytest.mark.filterwarnings("ignore::nbdist.input.batches.EmptyReplicaBatchWarning")  # by design
 def test_every_replica_gets_its_tensorflow_slice_and_reads_only_it(size, batch_size):
     per_worker, workers = 2, 3
     total = per_worker * workers
@@ -197,6 +198,7 @@ def test_every_replica_gets_its_tensorflow_slice_and_reads_only_it(size, batch_s
         assert reads == (mine or [0])
 
 
+@pytest.mark.filterwarnings("ignore::nbdist.input.batches.EmptyReplicaBatchWarning")  # by design
 def test_a_worker_without_rows_in_its_first_batch_reads_only_its_rows():
     # Batches of 8 and 12 over 6 replicas: 2 2 2 2 0 0, then 2 each; worker 2 (replicas 4, 5)
     # starts with an empty step, shaped like the rows it reads later.
@@ -210,6 +212,7 @@ def test_a_worker_without_rows_in_its_first_batch_reads_only_its_rows():
     assert [part.shape for part in features.values] == [(0, 3), (0, 3)]
 
 
+@pytest.mark.filterwarnings("ignore::nbdist.input.batches.EmptyReplicaBatchWarning")  # by design
 def test_a_worker_without_rows_gets_empty_slices_shaped_like_the_data_without_reading():
     # 17 rows in batches of 8: the last batch (1 row) goes to global replica 0 only.
     (_, steps0, _), (reads1, steps1, ds1) = run_workers(plain_loader(17), per_worker=2)
@@ -222,6 +225,7 @@ def test_a_worker_without_rows_gets_empty_slices_shaped_like_the_data_without_re
         assert part.shape == (0,) and part.dtype == torch.int64
 
 
+@pytest.mark.filterwarnings("ignore::nbdist.input.batches.EmptyReplicaBatchWarning")  # by design
 def test_a_worker_without_rows_in_its_first_batch_probes_one_row():
     # 1 row over 2 workers: worker 1 has nothing to read at all; it reads the batch's first row
     # once to learn the structure, and hands out 0 rows of it.
@@ -232,6 +236,7 @@ def test_a_worker_without_rows_in_its_first_batch_probes_one_row():
     assert features.shape == (0, 3) and ids.shape == (0,)
 
 
+@pytest.mark.filterwarnings("ignore::nbdist.input.batches.EmptyReplicaBatchWarning")  # by design
 def test_worker_batch_sampler_records_what_it_did():
     sampler = WorkerBatchSampler(BatchSampler(SequentialSampler(range(9)), 4, False), (1,), 2)
     assert len(sampler) == 3

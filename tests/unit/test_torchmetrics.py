@@ -39,6 +39,8 @@ STRATEGIES = {
 
 
 @pytest.mark.parametrize("kind", list(STRATEGIES))
+# 50 rows in batches of 16: the last batch (2 rows) leaves a replica of 3 empty, by design
+@pytest.mark.filterwarnings("ignore::nbdist.input.batches.EmptyReplicaBatchWarning")
 def test_per_replica_metrics_equal_the_one_device_value(kind):
     strategy = STRATEGIES[kind]()
     data = torch.Generator().manual_seed(0)

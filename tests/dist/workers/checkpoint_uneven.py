@@ -1,0 +1,42 @@
+"""Worker script of tests/dist/test_checkpoint_workers.py (`UNEVEN`).
+
+Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
+runs nothing."""
+
+import os
+
+import torch
+
+if "report" not in globals():  # run_workers predefines it (a test may pass its own)
+    from nbdist.testing import report
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    import nbdist as nd
+
+    strategy = nd.MultiWorkerMirroredStrategy(
+        communication_options=nd.experimental.CommunicationOptions(timeout_seconds=30))
+    rank = strategy.cluster_resolver.task_id
+    with strategy.scope():
+        model = torch.nn.Linear(2, 2)
+    data = [torch.full((4, 2), float(i)) for i in range(6)]
+    iterator = iter(strategy.experimental_distribute_dataset(data))
+    next(iterator)
+    if rank == 0:
+        next(iterator)  # worker 0 is one batch ahead of worker 1
+    path = os.path.join(os.environ["FOLDER"], "uneven.pt")
+    out = {}
+    try:
+        nd.checkpoint.save(path, model=model, iterator=iterator)
+        out["save"] = {"ok": True}
+    except Exception as error:
+        out["save"] = {"type": type(error).__name__, "message": str(error),
+                       "bases": [c.__name__ for c in type(error).__mro__]}
+    out["written"] = os.path.exists(path)
+    if rank == 1:
+        next(iterator)  # the same step on both: now the save goes through
+    nd.checkpoint.save(path, model=model, iterator=iterator)
+    out["saved_batches"] = nd.checkpoint.read(path)["iterator"]["batches"]
+    report(out)
+    strategy.shutdown()
