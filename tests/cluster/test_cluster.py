@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -545,31 +544,27 @@ def test_status_lists_alive_engines(cluster):
 
 
 def test_round_trip_time(cluster):
-    """A remote run's round trip stays close to a bare ipyparallel apply on the same engines.
+    """A remote run is one round trip: one request per engine, as a bare ipyparallel apply.
 
-    benchmarks/bench_engines.py holds `strategy.run` to <= 1.5x `DirectView.apply_sync`; here,
-    on a shared machine, the bound is looser (2.5x + 10 ms, medians of interleaved rounds),
-    enough to catch an extra round trip or a wait per call, not noise."""
-    view = cluster.client.direct_view([e.id for e in cluster.engines])
+    Its time against `DirectView.apply_sync` is measured in benchmarks/bench_engines.py (never
+    as a timed test); here the cause of a slower call is checked: an extra request per call
+    (a second round trip, a status probe) shows in the client's history of submitted requests.
+    """
+    client = cluster.client
+    view = client.direct_view([e.id for e in cluster.engines])
     noop = interactive(lambda: None)
-    for _ in range(3):
-        cluster.strategy.run(noop)
+    cluster.strategy.run(noop)  # warm: first-call set-up may send more
+    view.apply_sync(noop)
+    before = len(client.history)
+    results = [cluster.strategy.run(noop) for _ in range(5)]
+    run_requests = len(client.history) - before
+    before = len(client.history)
+    for _ in range(5):
         view.apply_sync(noop)
-    runs, applies = [], []
-    for _ in range(20):  # interleaved: load on the machine hits both alike
-        begin = time.perf_counter()
-        result = cluster.strategy.run(noop)
-        runs.append(time.perf_counter() - begin)
-        begin = time.perf_counter()
-        view.apply_sync(noop)
-        applies.append(time.perf_counter() - begin)
-    run_s, apply_s = statistics.median(runs), statistics.median(applies)
-    print(
-        f"\nround trip over 2 engines: strategy.run {run_s * 1e3:.1f} ms, "
-        f"DirectView.apply_sync {apply_s * 1e3:.1f} ms"
-    )
-    assert result is None  # every replica returned None
-    assert run_s <= 2.5 * apply_s + 0.010, (run_s, apply_s)
+    apply_requests = len(client.history) - before
+    assert results == [None] * 5  # every replica returned None
+    assert apply_requests == 5 * cluster.num_engines
+    assert run_requests == apply_requests, (run_requests, apply_requests)
 
 
 # -- a cluster of its own: stop, restart, release -------------------------------------------------
