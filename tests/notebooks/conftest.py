@@ -73,15 +73,17 @@ def errors_outside_raises_exception(notebook: Any) -> list[str]:
 
 def run_in_lab(
     lab: JupyterLab,
-    path: pathlib.Path,
+    filename: str,
     shots: pathlib.Path,
     during: Callable[[LabPage], None] | None = None,
     suffix: str = "",
 ) -> Any:
-    """Run the notebook at `path` (relative to the server's root) in an opened server, take
-    its screenshots (`<stem><suffix>.png`, `<stem><suffix>/cell-NN.png`), check its widgets
-    drew, and return it as the page holds it, `metadata["rendered"]` on every code cell."""
-    with lab.open(path.name, timeout=180) as page:
+    """Run the notebook `filename` (in the server's root) in a started server (JupyterLab or
+    Notebook 7), take its screenshots (`<stem><suffix>.png`, `<stem><suffix>/cell-NN.png`),
+    check its widgets drew, and return it as the page holds it, `metadata["rendered"]` on
+    every code cell."""
+    path = pathlib.PurePath(filename)
+    with lab.open(filename, timeout=180) as page:
         page.start_all()
         if during is not None:
             during(page)
@@ -116,8 +118,7 @@ def execute_notebook(tmp_path: pathlib.Path) -> Callable[..., Any]:
         with no_leftover_processes(grace=30):
             if in_browser():
                 with JupyterLab(copy) as lab:
-                    notebook = run_in_lab(lab, copy / source.name, screenshots_folder(tmp_path),
-                                          during)  # fmt: skip
+                    notebook = run_in_lab(lab, source.name, screenshots_folder(tmp_path), during)
             else:
                 notebook = run_notebook(copy / source.name, timeout=timeout)
         errors = errors_outside_raises_exception(notebook)
