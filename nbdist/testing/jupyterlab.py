@@ -399,6 +399,15 @@ class LabPage:
             " return o ? o.innerText : ''; })"
         )
 
+    def progress_bars(self) -> list[list[float]]:
+        """The progress-bar widgets each cell's output draws (tqdm's in JupyterLab and Notebook
+        7: ipywidgets' `.progress-bar`), each as the percentage its bar is filled."""
+        return self.page.evaluate(
+            "() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell'))"
+            ".map(c => Array.from(c.querySelectorAll('.jp-OutputArea .progress-bar'))"
+            ".map(b => parseFloat(b.style.width || b.style.height || '0')))"
+        )
+
     def notebook_json(self) -> dict:
         """The open notebook as nbformat JSON, outputs as the page holds them (not saved)."""
         return self.page.evaluate(
@@ -414,13 +423,11 @@ class LabPage:
             ".filter(t => /Error displaying widget|Loading widget/.test(t))"
         )
 
-    def screenshot_notebook(
-        self, path: str | os.PathLike, *, cells_to: str | os.PathLike | None = None
-    ) -> list[Path]:
-        """Save a PNG of the whole notebook, every cell in one picture (the page is made as
-        tall as the notebook for it, then set back); with `cells_to`, also one PNG per code
-        cell that has output, `cell-NN.png` (NN: the cell's 0-based index). Returns the paths.
-        """
+    @contextlib.contextmanager
+    def whole_notebook_in_view(self) -> Iterator[None]:
+        """Within the block the page is as tall as the notebook, scrolled to its top: every
+        cell is drawn (also where the front end draws only the cells in view, as Notebook 7
+        does) and in a screenshot of the page. The page's size is set back afterwards."""
         size = self.page.viewport_size or {"width": 1400, "height": 1000}
         # The page's height for the whole notebook: down to the last cell's bottom, measured
         # from the top of the page with the notebook scrolled to its start.
@@ -431,19 +438,28 @@ class LabPage:
             " const last = cells[cells.length - 1];"
             " return last ? last.getBoundingClientRect().bottom + s.scrollTop : 0; }"
         )
-        needed = int(self.page.evaluate(bottom)) + 40
-        shots = []
+        tall = max(min(int(self.page.evaluate(bottom)) + 40, 30_000), size["height"])
         try:
-            if needed > size["height"]:
-                needed = min(needed, 30_000)
-                self.page.set_viewport_size({"width": size["width"], "height": needed})
-            tall = max(needed, size["height"])
+            self.page.set_viewport_size({"width": size["width"], "height": tall})
             self.wait_until(  # scrolled to the top, every cell within the page
                 "() => { const w = window.jupyterapp.shell.currentWidget;"
                 " const s = w.node.querySelector('.jp-WindowedPanel-outer') || w.content.node;"
                 f" s.scrollTop = 0; return s.scrollTop === 0 && ({bottom})() <= {tall}; }}",
                 timeout=10,
             )
+            yield
+        finally:
+            self.page.set_viewport_size(size)
+
+    def screenshot_notebook(
+        self, path: str | os.PathLike, *, cells_to: str | os.PathLike | None = None
+    ) -> list[Path]:
+        """Save a PNG of the whole notebook, every cell in one picture (in
+        `whole_notebook_in_view`); with `cells_to`, also one PNG per code cell that has
+        output, `cell-NN.png` (NN: the cell's 0-based index). Returns the paths.
+        """
+        shots = []
+        with self.whole_notebook_in_view():
             shots.append(self.screenshot(path, full_page=False))
             if cells_to is not None:
                 folder = Path(cells_to)
@@ -456,6 +472,4 @@ class LabPage:
                     shot = folder / f"cell-{index:02d}.png"
                     cell.screenshot(path=str(shot))
                     shots.append(shot)
-        finally:
-            self.page.set_viewport_size(size)
         return shots

@@ -11,7 +11,8 @@ once, and that one run is both its test and its browser test. The page is saved 
 screenshots into `$NBDIST_SCREENSHOTS` (default: the test's temporary folder):
 `<name>.png` (the whole notebook) and `<name>/cell-NN.png` (each code cell with output). Each
 code cell's `metadata["rendered"]` then holds what its output area shows in the browser
-(widgets drawn). Without a browser (or with NBDIST_NOTEBOOKS_IN_BROWSER=0) the notebook runs
+(widgets drawn), and `metadata["progress_bars"]` how full each progress-bar widget it draws
+is (percent). Without a browser (or with NBDIST_NOTEBOOKS_IN_BROWSER=0) the notebook runs
 with nbclient instead and no cell has `rendered`.
 
 Either way the run must: run every cell (no error, except in a cell tagged
@@ -81,7 +82,7 @@ def run_in_lab(
     """Run the notebook `filename` (in the server's root) in a started server (JupyterLab or
     Notebook 7), take its screenshots (`<stem><suffix>.png`, `<stem><suffix>/cell-NN.png`),
     check its widgets drew, and return it as the page holds it, `metadata["rendered"]` on
-    every code cell."""
+    every code cell (and `metadata["progress_bars"]`)."""
     path = pathlib.PurePath(filename)
     with lab.open(filename, timeout=180) as page:
         page.start_all()
@@ -90,14 +91,17 @@ def run_in_lab(
         page.wait_all(timeout=BROWSER_TIMEOUT_S)
         name = f"{path.stem}{suffix}"
         page.screenshot_notebook(shots / f"{name}.png", cells_to=shots / name)
-        rendered = page.rendered_outputs()
+        with page.whole_notebook_in_view():  # every cell drawn, also in Notebook 7
+            rendered = page.rendered_outputs()
+            bars = page.progress_bars()
+            problems = page.widget_problems()
         notebook = nbformat.from_dict(page.notebook_json())
-        problems = page.widget_problems()
     assert not problems, f"{name}: widgets that did not draw: {problems}"
     assert len(rendered) == len(notebook.cells), (len(rendered), len(notebook.cells))
-    for cell, text in zip(notebook.cells, rendered):
+    for cell, text, filled in zip(notebook.cells, rendered, bars):
         if cell.cell_type == "code":
             cell.metadata["rendered"] = text
+            cell.metadata["progress_bars"] = filled
     return notebook
 
 

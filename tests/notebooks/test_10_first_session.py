@@ -93,6 +93,8 @@ def check_first_session(nb: Any) -> None:
                 for marker in ('desc="warming up"', "1 / 0", 'desc="training"')}  # fmt: skip
     if rendered["1 / 0"] is None:
         return  # nbclient: nothing was drawn
+    for marker in ('desc="warming up"', 'desc="training"'):  # one bar widget each, full
+        assert find_cell(nb, marker).metadata["progress_bars"] == [100.0], marker
     assert _count(rendered['desc="warming up"'], 50) == 50, rendered['desc="warming up"']
     assert "100%" in rendered['desc="warming up"']
     assert _count(rendered['desc="training"'], 200) == 200, rendered['desc="training"']
