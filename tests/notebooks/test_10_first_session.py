@@ -9,8 +9,10 @@ tests/browser/test_notebook7.py runs the same notebook, with the same checks, in
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
+import shutil
 from typing import Any
 
 import pytest
@@ -22,6 +24,10 @@ from tests.notebooks.conftest import screenshots_folder
 pytestmark = pytest.mark.cluster
 
 NAME = "10-first-session"
+IMAGES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "images"
+UPDATE_IMAGES = os.environ.get("NBDIST_UPDATE_DOC_IMAGES") == "1"  # else the tree stays clean
+DOC_IMAGES = {'desc="warming up"': "notebook-progress.png",  # cell -> its picture in docs/
+              "1 / 0": "notebook-collective-error.png"}  # fmt: skip
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 INTERNAL = ("torch_dist.py", "reduction.py", "multi_worker.py", "distributed_c10d", "_pytree",
             "site-packages", "GLHF", "Connection closed by peer")  # fmt: skip
@@ -106,5 +112,10 @@ def check_first_session(nb: Any) -> None:
 
 @pytest.mark.timeout(600)
 def test_first_session(execute_notebook, tmp_path):
-    nb = execute_notebook(NAME, during=watch_training(screenshots_folder(tmp_path)))
+    shots = screenshots_folder(tmp_path)
+    nb = execute_notebook(NAME, during=watch_training(shots))
     check_first_session(nb)
+    if UPDATE_IMAGES and "rendered" in nb.cells[1].metadata:  # docs/notebooks.md's pictures
+        for marker, image in DOC_IMAGES.items():
+            index = nb.cells.index(find_cell(nb, marker))
+            shutil.copyfile(shots / NAME / f"cell-{index:02d}.png", IMAGES / image)
