@@ -68,7 +68,7 @@ _LAB_SETTINGS = {
     },
     # Every cell in the page, not only those scrolled into view: a screenshot of the whole
     # notebook shows every output, and the DOM holds every output to assert on.
-    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
 }
 
 
@@ -438,15 +438,21 @@ class LabPage:
             " const last = cells[cells.length - 1];"
             " return last ? last.getBoundingClientRect().bottom + s.scrollTop : 0; }"
         )
-        tall = max(min(int(self.page.evaluate(bottom)) + 40, 30_000), size["height"])
         try:
-            self.page.set_viewport_size({"width": size["width"], "height": tall})
-            self.wait_until(  # scrolled to the top, every cell within the page
-                "() => { const w = window.jupyterapp.shell.currentWidget;"
-                " const s = w.node.querySelector('.jp-WindowedPanel-outer') || w.content.node;"
-                f" s.scrollTop = 0; return s.scrollTop === 0 && ({bottom})() <= {tall}; }}",
-                timeout=10,
-            )
+            # Cells below the fold may be drawn, and grow, only once the page is taller:
+            # measure again after each resize until everything fits (a few rounds at most).
+            for _ in range(5):
+                tall = max(min(int(self.page.evaluate(bottom)) + 40, 30_000), size["height"])
+                self.page.set_viewport_size({"width": size["width"], "height": tall})
+                with contextlib.suppress(Exception):  # not yet: measure again
+                    self.wait_until(  # scrolled to the top, every cell within the page
+                        "() => { const w = window.jupyterapp.shell.currentWidget;"
+                        " const s = w.node.querySelector('.jp-WindowedPanel-outer')"
+                        " || w.content.node;"
+                        f" s.scrollTop = 0; return s.scrollTop === 0 && ({bottom})() <= {tall}; }}",
+                        timeout=3,
+                    )
+                    break
             yield
         finally:
             self.page.set_viewport_size(size)
