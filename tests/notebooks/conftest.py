@@ -8,11 +8,11 @@ Where Chromium and Playwright are installed (CI installs both) the notebook runs
 JupyterLab**, as a user runs it: a JupyterLab server of its own (one per notebook), the page in
 headless Chromium, "Run All", then the notebook as the page holds it. So every notebook is run
 once, and that one run is both its test and its browser test. The page is saved as
-screenshots into `$NBDIST_SCREENSHOTS` (default: the test's temporary folder):
-`<name>.png` (the whole notebook) and `<name>/cell-NN.png` (each code cell with output). Each
-code cell's `metadata["rendered"]` then holds what its output area shows in the browser
-(widgets drawn), and `metadata["progress_bars"]` how full each progress-bar widget it draws
-is (percent). Without a browser (or with NBDIST_NOTEBOOKS_IN_BROWSER=0) the notebook runs
+a screenshot, `<name>.png` (the whole notebook), into `$NBDIST_SCREENSHOTS` (default: the
+test's temporary folder); with NBDIST_SCREENSHOTS set, also `<name>/cell-NN.png` (each code
+cell with output). Each code cell's `metadata["rendered"]` then holds what its output area
+shows in the browser (widgets drawn), and `metadata["progress_bars"]` how full each
+progress-bar widget it draws is (percent). Without a browser (or with NBDIST_NOTEBOOKS_IN_BROWSER=0) the notebook runs
 with nbclient instead and no cell has `rendered`.
 
 Either way the run must: run every cell (no error, except in a cell tagged
@@ -90,7 +90,8 @@ def run_in_lab(
             during(page)
         page.wait_all(timeout=BROWSER_TIMEOUT_S)
         name = f"{path.stem}{suffix}"
-        page.screenshot_notebook(shots / f"{name}.png", cells_to=shots / name)
+        cells = shots / name if os.environ.get("NBDIST_SCREENSHOTS") else None  # CI: not kept
+        page.screenshot_notebook(shots / f"{name}.png", cells_to=cells)
         with page.whole_notebook_in_view():  # every cell drawn, also in Notebook 7
             rendered = page.rendered_outputs()
             bars = page.progress_bars()
