@@ -373,16 +373,17 @@ class LabPage:
     def wait_all(self, timeout: float = 600.0) -> None:
         """Wait until the "Run All" begun by `start_all` has finished and the kernel is idle.
 
-        Raises TimeoutError with every cell's execution count (None: not run) past `timeout`.
+        Past `timeout`, Playwright's TimeoutError, with a note of every cell's execution count
+        (None: not run), so the failure says where the notebook stood.
         """
         try:
             self.wait_until("() => window.__nbdistRunAll", timeout=timeout)
             self.wait_for_kernel_idle(timeout=60)
         except Exception as error:
-            counts = [c.get("execution_count") for c in self.notebook_json()["cells"]]
-            raise TimeoutError(
-                f"the notebook had not finished after {timeout} s; execution counts: {counts}"
-            ) from error
+            with contextlib.suppress(Exception):
+                counts = [c.get("execution_count") for c in self.notebook_json()["cells"]]
+                error.add_note(f"not finished after {timeout} s; execution counts: {counts}")
+            raise
 
     def run_all_and_wait(self, timeout: float = 600.0) -> None:
         """`start_all` then `wait_all`: every cell run, the last one finished."""
