@@ -66,6 +66,9 @@ _LAB_SETTINGS = {
         "fetchNews": "false",
         "checkForUpdates": False,
     },
+    # Every cell in the page, not only those scrolled into view: a screenshot of the whole
+    # notebook shows every output, and the DOM holds every output to assert on.
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
 }
 
 
@@ -89,6 +92,8 @@ def chromium_available() -> bool:
 class JupyterLab:
     """A JupyterLab server of its own, on 127.0.0.1, stopped with everything it started.
 
+    `Notebook7` (nbdist.testing.notebook7) is the same for Notebook 7's `jupyter notebook`.
+
     Args:
         root_dir: The folder the server serves (notebooks are opened relative to it).
         start_timeout: Seconds to wait for the server to answer.
@@ -98,6 +103,17 @@ class JupyterLab:
         token: The token every request carries.
         workdir: The temporary folder holding the server's config, data, runtime and log.
     """
+
+    APP_MODULE = "jupyterlab"
+    """What `python -m` starts."""
+    APP_OPTIONS: tuple[str, ...] = (
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    )
+    """Options of that application (the page must expose `window.jupyterapp`)."""
+    NOTEBOOK_PATH = "lab/tree/"
+    """The URL path that opens a notebook, before the notebook's own path."""
 
     def __init__(self, root_dir: str | os.PathLike, *, start_timeout: float = 90.0):
         self.root_dir = Path(root_dir)
@@ -127,11 +143,10 @@ class JupyterLab:
         self.port = free_port()
         self.url = f"http://{LOCALHOST}:{self.port}/"
         command = [
-            sys.executable, "-m", "jupyterlab", "--no-browser",
+            sys.executable, "-m", self.APP_MODULE, "--no-browser",
             f"--ServerApp.ip={LOCALHOST}", f"--ServerApp.port={self.port}",
             "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-            f"--ServerApp.root_dir={self.root_dir}", "--LabApp.expose_app_in_browser=True",
-            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            f"--ServerApp.root_dir={self.root_dir}", *self.APP_OPTIONS,
             "--ServerApp.disable_check_xsrf=True",
         ]  # fmt: skip
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and CI runners
@@ -150,7 +165,7 @@ class JupyterLab:
         deadline = time.monotonic() + self.start_timeout
         while True:
             if self._server.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited at start:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.APP_MODULE} exited at start:\n{self.log_tail()}")
             try:
                 self.api("GET", "api/status")
                 return self
@@ -158,7 +173,7 @@ class JupyterLab:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise TimeoutError(
-                        f"jupyter lab did not answer within {self.start_timeout} s:\n"
+                        f"{self.APP_MODULE} did not answer within {self.start_timeout} s:\n"
                         f"{self.log_tail()}"
                     ) from None
                 time.sleep(_POLL_S)
@@ -247,9 +262,15 @@ class JupyterLab:
         """
         page = self._browser_context().new_page()
         try:
-            page.goto(f"{self.url}lab/tree/{notebook}?token={self.token}", timeout=timeout * 1e3)
+            page.goto(
+                f"{self.url}{self.NOTEBOOK_PATH}{notebook}?token={self.token}",
+                timeout=timeout * 1e3,
+            )
             lab_page = LabPage(page, self)
             lab_page.wait_for_kernel_idle(timeout=timeout)
+            # The file browser closed: the notebook gets the page's width in screenshots.
+            page.evaluate("() => { const s = window.jupyterapp.shell;"
+                          " if (s.collapseLeft) { s.collapseLeft(); } }")  # fmt: skip
             yield lab_page
         finally:
             with contextlib.suppress(Exception):
@@ -334,3 +355,128 @@ class LabPage:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(path), full_page=full_page)
         return path
+
+    def start_all(self) -> None:
+        """Start "Run All" and return at once; `wait_all` waits for it to finish.
+
+        Like the menu, it stops at a cell that raised, unless that cell is tagged
+        `raises-exception`.
+        """
+        self.page.evaluate(
+            "() => { window.__nbdistRunAll = null;"
+            " window.jupyterapp.commands.execute('notebook:run-all-cells').then("
+            "  ok => { window.__nbdistRunAll = {ok: ok}; },"
+            "  e => { window.__nbdistRunAll = {error: String(e)}; });"
+            " return null; }"
+        )
+
+    def wait_all(self, timeout: float = 600.0) -> None:
+        """Wait until the "Run All" begun by `start_all` has finished and the kernel is idle.
+
+        Past `timeout`, Playwright's TimeoutError, with a note of every cell's execution count
+        (None: not run), so the failure says where the notebook stood.
+        """
+        try:
+            self.wait_until("() => window.__nbdistRunAll", timeout=timeout)
+            self.wait_for_kernel_idle(timeout=60)
+        except Exception as error:
+            with contextlib.suppress(Exception):
+                counts = [c.get("execution_count") for c in self.notebook_json()["cells"]]
+                error.add_note(f"not finished after {timeout} s; execution counts: {counts}")
+            raise
+
+    def run_all_and_wait(self, timeout: float = 600.0) -> None:
+        """`start_all` then `wait_all`: every cell run, the last one finished."""
+        self.start_all()
+        self.wait_all(timeout)
+
+    def rendered_outputs(self) -> list[str]:
+        """What each cell's output area shows, as the browser renders it (`innerText`: widgets
+        drawn, carriage returns applied, ANSI colours gone); one string per cell, "" for a
+        cell without output."""
+        return self.page.evaluate(
+            "() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell'))"
+            ".map(c => { const o = c.querySelector('.jp-OutputArea');"
+            " return o ? o.innerText : ''; })"
+        )
+
+    def progress_bars(self) -> list[list[float]]:
+        """The progress-bar widgets each cell's output draws (tqdm's in JupyterLab and Notebook
+        7: ipywidgets' `.progress-bar`), each as the percentage its bar is filled."""
+        return self.page.evaluate(
+            "() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell'))"
+            ".map(c => Array.from(c.querySelectorAll('.jp-OutputArea .progress-bar'))"
+            ".map(b => parseFloat(b.style.width || b.style.height || '0')))"
+        )
+
+    def notebook_json(self) -> dict:
+        """The open notebook as nbformat JSON, outputs as the page holds them (not saved)."""
+        return self.page.evaluate(
+            "() => window.jupyterapp.shell.currentWidget.context.model.toJSON()"
+        )
+
+    def widget_problems(self) -> list[str]:
+        """Outputs where a widget did not render: "Error displaying widget" or a view still
+        "Loading widget..." (each as its text); empty when every widget drew."""
+        return self.page.evaluate(
+            "() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+            ".map(o => o.innerText || '')"
+            ".filter(t => /Error displaying widget|Loading widget/.test(t))"
+        )
+
+    @contextlib.contextmanager
+    def whole_notebook_in_view(self) -> Iterator[None]:
+        """Within the block the page is as tall as the notebook, scrolled to its top: every
+        cell is drawn (also where the front end draws only the cells in view, as Notebook 7
+        does) and in a screenshot of the page. The page's size is set back afterwards."""
+        size = self.page.viewport_size or {"width": 1400, "height": 1000}
+        # The page's height for the whole notebook: down to the last cell's bottom, measured
+        # from the top of the page with the notebook scrolled to its start.
+        bottom = (
+            "() => { const w = window.jupyterapp.shell.currentWidget;"
+            " const s = w.node.querySelector('.jp-WindowedPanel-outer') || w.content.node;"
+            " const cells = w.content.node.querySelectorAll('.jp-Cell');"
+            " const last = cells[cells.length - 1];"
+            " return last ? last.getBoundingClientRect().bottom + s.scrollTop : 0; }"
+        )
+        try:
+            # Cells below the fold may be drawn, and grow, only once the page is taller:
+            # measure again after each resize until everything fits (a few rounds at most).
+            for _ in range(5):
+                tall = max(min(int(self.page.evaluate(bottom)) + 40, 30_000), size["height"])
+                self.page.set_viewport_size({"width": size["width"], "height": tall})
+                with contextlib.suppress(Exception):  # not yet: measure again
+                    self.wait_until(  # scrolled to the top, every cell within the page
+                        "() => { const w = window.jupyterapp.shell.currentWidget;"
+                        " const s = w.node.querySelector('.jp-WindowedPanel-outer')"
+                        " || w.content.node;"
+                        f" s.scrollTop = 0; return s.scrollTop === 0 && ({bottom})() <= {tall}; }}",
+                        timeout=3,
+                    )
+                    break
+            yield
+        finally:
+            self.page.set_viewport_size(size)
+
+    def screenshot_notebook(
+        self, path: str | os.PathLike, *, cells_to: str | os.PathLike | None = None
+    ) -> list[Path]:
+        """Save a PNG of the whole notebook, every cell in one picture (in
+        `whole_notebook_in_view`); with `cells_to`, also one PNG per code cell that has
+        output, `cell-NN.png` (NN: the cell's 0-based index). Returns the paths.
+        """
+        shots = []
+        with self.whole_notebook_in_view():
+            shots.append(self.screenshot(path, full_page=False))
+            if cells_to is not None:
+                folder = Path(cells_to)
+                folder.mkdir(parents=True, exist_ok=True)
+                cells = self.page.locator(".jp-Notebook .jp-Cell")
+                for index in range(cells.count()):
+                    cell = cells.nth(index)
+                    if cell.locator(".jp-OutputArea-output").count() == 0:
+                        continue
+                    shot = folder / f"cell-{index:02d}.png"
+                    cell.screenshot(path=str(shot))
+                    shots.append(shot)
+        return shots
