@@ -12,8 +12,9 @@ a screenshot, `<name>.png` (the whole notebook), into `$NBDIST_SCREENSHOTS` (def
 test's temporary folder); with NBDIST_SCREENSHOTS set, also `<name>/cell-NN.png` (each code
 cell with output). Each code cell's `metadata["rendered"]` then holds what its output area
 shows in the browser (widgets drawn), and `metadata["progress_bars"]` how full each
-progress-bar widget it draws is (percent). Without a browser (or with NBDIST_NOTEBOOKS_IN_BROWSER=0) the notebook runs
-with nbclient instead and no cell has `rendered`.
+progress-bar widget it draws is (percent). Without a browser (or with
+NBDIST_NOTEBOOKS_IN_BROWSER=0) the notebook runs with nbclient instead and no cell has
+`rendered`.
 
 Either way the run must: run every cell (no error, except in a cell tagged
 `raises-exception`), leave neither the kernel nor any engine running, print no Python warning
