@@ -1,9 +1,9 @@
 """The engine's entry points for the notebook's calls: `strategy.run`, `run_steps`, `push`, `pull`.
 
-Runs on the engine: `nbdist.cluster.calls.call_engines` sends `call`, `call_steps`, `store` or
-`fetch` (by reference, so the engine imports this module: the same nbdist on both sides) with
-a pickled request (`_wire`). Each returns a reply dict and never raises, so the notebook can
-say which replica failed and why.
+Runs on the engine: the notebook passes `call`, `call_steps`, `store` or `fetch` itself (a
+function, sent by reference, so the engine imports this module: the same nbdist on both sides)
+to `nbdist.cluster.supervisor.supervise`, with a pickled request (`_wire`). Each returns a
+reply dict and never raises, so the notebook can say which replica failed and why.
 
 Example (what the notebook does, through ipyparallel)::
 
@@ -100,7 +100,7 @@ def fetch(payload: bytes) -> dict[str, Any]:
     """Reply with the values of the pickled list of names (`Cluster.pull`)."""
     start = time.perf_counter()
     try:
-        from nbdist.cluster.remote import RemoteRef
+        from nbdist.cluster.refs import RemoteRef
 
         names = _wire.loads(payload)
         namespace = state.namespace()
@@ -140,7 +140,7 @@ def _reply(value: Any, start: float) -> dict[str, Any]:
 def _resolve(structure: Any, namespace: dict[str, Any]) -> Any:
     """`structure` with every `nd.remote` reference replaced by the engine's value."""
     from nbdist._private_api import pytree
-    from nbdist.cluster.remote import RemoteRef
+    from nbdist.cluster.refs import RemoteRef
 
     def leaf(item: Any) -> Any:
         return item.resolve(namespace, state.rank()) if isinstance(item, RemoteRef) else item
