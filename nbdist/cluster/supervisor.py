@@ -331,12 +331,12 @@ class Supervisor:
         with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
             self.wait(INTERRUPT_GRACE_S)
         state = self.settle(fix).strip()
-        doing = "; ".join(
+        each = "; ".join(
             f"replica {info.rank}: {doing(part)}" for info, part in zip(self.engines, self.parts)
         )
         if not pending:
-            doing = "every replica had finished"
-        return ClusterInterrupted(f"{self.what} interrupted ({doing}). {state}".rstrip())
+            each = "every replica had finished"
+        return ClusterInterrupted(f"{self.what} interrupted ({each}). {state}".rstrip())
 
     def settle(self, fix: str) -> str:
         """Decide the cluster's health after this call (Note [Cluster health]); a sentence."""

@@ -37,8 +37,12 @@ if TYPE_CHECKING:
 
 __all__ = ["OUTPUT_MODES", "CellPrinter", "check_replicas", "distribute_cell", "python_source"]
 
-OUTPUT_MODES = ("all", "first", "none")
-"""`%%distribute --output`: every replica's lines prefixed, the first target's, or none."""
+OUTPUT_MODES = ("all", "first", "none", "tabs", "auto")
+"""`%%distribute --output`: every replica's lines prefixed, the first target's, none, one tab
+per replica (`magics._tabs`), or `auto`: `tabs` for more than `PREFIXED_UP_TO` targets in a
+Jupyter kernel, else `all` (docs/notebooks.md argues the choice)."""
+PREFIXED_UP_TO = 2
+"""`--output auto` prints up to this many replicas' lines prefixed, in one stream."""
 _CELL = Call(
     what="a %%distribute cell",
     fix="`%dist restart`",
@@ -86,10 +90,41 @@ class CellPrinter(OutputPrinter):
             say_late_output(late)
 
 
-def printer_for(output: str) -> OutputPrinter:
-    """The printer of `--output` mode `output`."""
+def resolve_output(output: str, targets: int) -> str:
+    """The mode `output` means for a cell on `targets` replicas (`auto` decided; see
+    `OUTPUT_MODES`).
+
+    Example:
+        >>> resolve_output("auto", 2), resolve_output("first", 8)
+        ('all', 'first')
+    """
     if output not in OUTPUT_MODES:
         raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}.")
+    if output != "auto":
+        return output
+    return "tabs" if targets > PREFIXED_UP_TO and _widgets_shown() else "all"
+
+
+def _widgets_shown() -> bool:
+    """True inside a Jupyter kernel with ipywidgets (a front end can draw the tabs there)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def printer_for(output: str) -> OutputPrinter:
+    """The printer of a resolved `--output` mode (`resolve_output`)."""
+    if output == "tabs":
+        from nbdist.magics._tabs import TabsPrinter
+
+        return TabsPrinter()
     return CellPrinter(output)
 
 
@@ -102,6 +137,9 @@ def distribute_cell(
     timeout: float | None = None,
 ) -> PerReplica | None:
     """Run `cell` on the engines of replicas `targets` (default: all) at once.
+
+    `output` is one of `OUTPUT_MODES` (`auto`: one tab per replica for more than 2 targets in
+    a Jupyter kernel, else every replica's lines prefixed `[N]`).
 
     Returns:
         The last expression's values as a `PerReplica` carrying the targets' replica ids, in
@@ -119,7 +157,7 @@ def distribute_cell(
         ClusterInterrupted: (a `KeyboardInterrupt`) Ctrl-C; the engines were interrupted, and
             the one-line message says what each was doing and whether the cluster is usable.
     """
-    printer = printer_for(output)
+    resolve_output(output, 0)  # a bad mode fails before anything else
     filename = f"<distribute-cell-{next(_counter)}>"
     source = cell_names.numbered_like_the_editor(filename, cell, python_source(cell))
     compile(source, filename, "exec")  # raised once, here, not by every engine
@@ -132,6 +170,7 @@ def distribute_cell(
         left = cluster.time_left("The cell", timeout, deadline)
         cluster.require_usable("The cell", fix="`%dist restart`", wait=left)
         cluster.time_left("The cell", timeout, deadline)
+        printer = printer_for(resolve_output(output, len(engines)))
         chosen = {info.rank for info in engines}
         replies = supervise(
             cluster, engines, run_cell, source, filename, call=_CELL, timeout=timeout,
