@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import base64
 import html
-import itertools
 import re
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,7 +39,9 @@ from nbdist.magics._cell import CellPrinter
 __all__ = ["ReplicaOutput", "TabsPrinter", "static_view"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_ids = itertools.count(1)
+_LIVE_CLASS = "nbdist-live-tabs"
+_TAB_WIDTH = "--jp-widgets-horizontal-tab-width: 190px;"
+"""ipywidgets' tabs are 144 px wide: too narrow for `[0] running · 12 lines`."""
 
 
 class ReplicaOutput:
@@ -77,8 +79,11 @@ class TabsPrinter(CellPrinter):
         self.replicas = [ReplicaOutput(info.rank) for info in engines]
         self.outputs = [ipywidgets.Output() for _ in engines]
         self.tab = ipywidgets.Tab(children=self.outputs)
+        self.tab.add_class(_LIVE_CLASS)
+        wide = ipywidgets.HTML(f"<style>.{_LIVE_CLASS} {{ {_TAB_WIDTH} }}</style>")
+        self.view = ipywidgets.VBox([wide, self.tab])
         self._retitle()
-        self.handle = display(self.tab, display_id=True)
+        self.handle = display(self.view, display_id=True)
 
     def write_lines(self, rank: int, stream_name: str, lines: list[str]) -> None:
         index = self._index(rank)
@@ -127,7 +132,7 @@ class TabsPrinter(CellPrinter):
         super().finish()
         bundle = static_view(self.replicas)
         self.handle.update(bundle, raw=True)
-        for widget in (*self.outputs, self.tab):
+        for widget in (*self.outputs, self.tab, *self.view.children, self.view):
             widget.close()
 
     def _show_failure(self, index: int, info: EngineInfo, reply: Any) -> None:
@@ -156,7 +161,7 @@ def static_view(replicas: Sequence[ReplicaOutput]) -> dict[str, str]:
         groups.setdefault(replica.key(), []).append(replica)
     tabs = [(members[0], [r.rank for r in members]) for members in groups.values()]
     chosen = next((i for i, (r, _) in enumerate(tabs) if r.state == "failed"), 0)
-    uid = f"nbdist-tabs-{next(_ids)}"
+    uid = f"nbdist-tabs-{secrets.token_hex(4)}"  # unique across sessions: ids in one page
     css = [
         f".{uid} > input {{ display: none; }}",
         f".{uid} > label {{ display: inline-block; padding: 3px 10px; margin-right: 2px;"
