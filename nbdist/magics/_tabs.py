@@ -199,7 +199,7 @@ def static_view(replicas: Sequence[ReplicaOutput]) -> dict[str, str]:
         for kind, value in replica.items:
             if kind != "data":
                 plain.extend(f"[{replica.rank}] {line}" for line in str(value).splitlines())
-    return {"text/html": page, "text/plain": "\n".join(plain)}
+    return {"text/html": page, "text/plain": "".join(line + "\n" for line in plain)}
 
 
 def _item_html(kind: str, value: Any) -> str:
