@@ -389,7 +389,7 @@ class Cluster:
         Names may be dotted paths (`"model.fc.weight"`); tensors come back detached, on the
         CPU.
         """
-        from nbdist.cluster.remote import RemoteRef
+        from nbdist.cluster.refs import RemoteRef
 
         if not names:
             raise TypeError("pull needs at least one variable name, e.g. cluster.pull('loss').")
