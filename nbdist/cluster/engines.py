@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 
 from nbdist._private_api import client_location
 from nbdist.cluster import _wire
-from nbdist.cluster.calls import call_engines, interrupt_note, reply_ok
+from nbdist.cluster.calls import call_engines
+from nbdist.cluster.engine_side import calls as entries
 from nbdist.cluster.engine_side import health, joining
 from nbdist.cluster.errors import (
     ClusterInterrupted,
@@ -41,6 +42,7 @@ from nbdist.cluster.lockdown import private_dirs, private_files
 from nbdist.cluster.plan import LaunchPlan, make_plan, with_communication
 from nbdist.cluster.processes import ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
+from nbdist.cluster.replies import interrupt_note, reply_ok
 from nbdist.cluster.sigint import interrupts_deferred
 from nbdist.cluster.startup import (
     launch_failure,
@@ -143,9 +145,20 @@ class Cluster:
         if strategy is not None:
             Cluster._by_strategy[strategy] = cls
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __new__(
+        cls,
+        n: int | None = None,
+        gpus: Any = None,
+        hosts: Any = None,
+        launcher: str = "local",
+        backend: str = "auto",
+        strategy: str = "mirrored",
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        """The subclass registered for `strategy` (the same parameter, by name or position, as
+        `__init__`'s), e.g. `PSCluster` for `strategy="parameter_server"`; else `cls`."""
         if cls is Cluster:
-            strategy = kwargs.get("strategy", args[5] if len(args) > 5 else "mirrored")
             name = strategy.strip().lower() if isinstance(strategy, str) else None
             if name in Cluster._by_strategy:
                 return super().__new__(Cluster._by_strategy[name])
@@ -241,7 +254,7 @@ class Cluster:
     @property
     def broken(self) -> str | None:
         """Why the engines' process group is unusable, else None (Note [Cluster health] in
-        `calls`): a timeout, an interrupt or a failed collective that left an engine blocked,
+        `supervisor`): a timeout, an interrupt or a failed collective that left an engine blocked,
         a dead engine, or a group that could not be formed again.
 
         `strategy.run` and `%%distribute` cells refuse to run (`ClusterUnusableError`) until
@@ -394,7 +407,7 @@ class Cluster:
             payload: Any = [_wire.encode(_scatter(values, i, n), parts) for i in range(n)]
         else:
             payload = _wire.encode(values, parts)
-        self.call("store", payload, timeout=timeout, what="cluster.push")
+        self.call(entries.store, payload, timeout=timeout, what="cluster.push")
 
     def pull(self, *names: str, timeout: float | None = None) -> Any:
         """Each engine's value of `name` as one `PerReplica` (a tuple of them for several).
@@ -413,7 +426,7 @@ class Cluster:
         for name in names:
             RemoteRef(name)  # checks the name
         payload = _wire.dumps(list(names))
-        replies = self.call("fetch", payload, timeout=timeout, what="cluster.pull")
+        replies = self.call(entries.fetch, payload, timeout=timeout, what="cluster.pull")
         pulled = tuple(
             PerReplica([reply["value"][k] for reply in replies]) for k in range(len(names))
         )
@@ -550,7 +563,7 @@ class Cluster:
     # -- calling --------------------------------------------------------------------------
     def call(
         self,
-        entry: str,
+        entry: Callable[..., dict[str, Any]],
         payloads: bytes | Sequence[Any],
         *extra: Any,
         timeout: float | None,
@@ -558,8 +571,9 @@ class Cluster:
         fn: Any = None,
         needs_group: bool = False,
     ) -> list[dict[str, Any]]:
-        """`calls.call_engines` on this cluster (see there), in its turn (Note [One call at
-        a time]), after checking that it is running and idle (or its group usable)."""
+        """`calls.call_engines(self, entry, ...)` in this cluster's turn (Note [One call at a
+        time]), after checking that it is running and idle (or its group usable); `entry` is an
+        engine-side function (`engine_side.calls.call`, ...), sent by reference."""
         self._require_running(what)
         with self.turn(what, timeout) as deadline:
             self._require_running(what)  # again: another thread may have stopped it meanwhile
@@ -645,7 +659,7 @@ class Cluster:
         self, what: str, fix: str = "cluster.restart()", *, wait: float | None = 0.0
     ) -> None:
         """Raise `ClusterUnusableError` naming what happened and `fix` if the process group
-        is unusable (Note [Cluster health] in `calls`), so `what` never pairs with a stuck
+        is unusable (Note [Cluster health] in `supervisor`), so `what` never pairs with a stuck
         collective or queues behind a blocked engine; then `require_idle(what, fix, wait)`."""
         if self._broken is not None:
             raise ClusterUnusableError(
@@ -692,7 +706,7 @@ class Cluster:
 
     def busy_notes(self) -> dict[int, str]:
         """`{replica: note}` for engines running on after catching a `KeyboardInterrupt`
-        (Note [Caught interrupts] in `calls`): what they run now."""
+        (Note [Caught interrupts] in `supervisor`): what they run now."""
         notes = {}
         for info in self._engines:
             for request in list(self._inflight.get(info.id, ())):
@@ -704,7 +718,7 @@ class Cluster:
     def reform_when_idle(self, reason: str) -> None:
         """Form the process group again before the next call that needs it, once every engine
         is idle (an interrupt abandoned it while an engine ran on: Note [Caught interrupts] in
-        `calls`)."""
+        `supervisor`)."""
         self._reform_pending = self._reform_pending or reason
 
     def mark_broken(self, reason: str) -> None:

@@ -1,20 +1,23 @@
 """`EngineChannel`: the coordinator's line to a worker engine, through ipyparallel.
 
-Each scheduled function is sent with `DirectView.apply_async(worker_task.run_closure, ...)` to
-one engine; an engine that dies is reported by ipyparallel at once (`EngineError`, from its
-nanny), and becomes `WorkerUnreachable`, so the coordinator puts the function back on the queue.
+Each scheduled function is sent to one engine on the cluster's engine-call path
+(`supervisor.submit_one(client, engine_id, worker_task.run_closure, ...)`: the entry point
+as a function, sent by reference); an engine that dies is reported by ipyparallel at once
+(`EngineError`, from its nanny), and becomes `WorkerUnreachable`, so the coordinator puts
+the function back on the queue.
 
 Example (needs engines, so not run here)::
 
     channel = EngineChannel(client, engine_id=3, name="/job:worker/task:0")
-    channel.call("worker_info")
+    channel.call(worker_task.worker_info)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from nbdist.strategies.parameter_server import worker_task
+from nbdist.cluster.supervisor import submit_one
 from nbdist.strategies.parameter_server.channels import WorkerChannel, WorkerUnreachable
 
 __all__ = ["EngineChannel"]
@@ -23,7 +26,7 @@ _POLL_S = 1.0
 
 
 class EngineChannel(WorkerChannel):
-    """Calls `worker_task.<entry>` on ipyparallel engine `engine_id`."""
+    """Calls a function of `worker_task` on ipyparallel engine `engine_id`."""
 
     def __init__(self, client: Any, engine_id: int, name: str):
         self._client = client
@@ -39,14 +42,13 @@ class EngineChannel(WorkerChannel):
         except Exception:
             return False
 
-    def call(self, entry: str, *args: Any) -> dict[str, Any]:
+    def call(self, entry: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         from ipyparallel import error as ipp_error
 
         if not self.alive():
             raise WorkerUnreachable(f"{self.name} (engine {self.engine_id}) is gone")
         try:
-            view = self._client.direct_view([self.engine_id])
-            result = view.apply_async(getattr(worker_task, entry), *args)
+            result = submit_one(self._client, self.engine_id, entry, *args)
         except Exception as error:
             self._dead = True
             raise WorkerUnreachable(f"{self.name}: {error}") from None

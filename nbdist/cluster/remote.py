@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbdist._private_api import pytree
 from nbdist.cluster import _wire
+from nbdist.cluster.engine_side import calls as entries
 from nbdist.cluster.refs import RemoteRef, remote
 from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
 from nbdist.input.errors import StepsExhaustedError
@@ -112,8 +113,8 @@ class EngineStrategy:
         else:
             payloads = _encode_call(fn, tuple(args), kwargs)
         replies = self._cluster.call(
-            "call", payloads, timeout=self._timeout(timeout), what=f"strategy.run({_name(fn)})",
-            fn=fn, needs_group=True,
+            entries.call, payloads, timeout=self._timeout(timeout),
+            what=f"strategy.run({_name(fn)})", fn=fn, needs_group=True,
         )  # fmt: skip
         return _merge([reply["value"] for reply in replies])
 
@@ -156,7 +157,7 @@ class EngineStrategy:
         ref = iterator if isinstance(iterator, RemoteRef) else RemoteRef(iterator)
         payload = _encode_call(fn, (ref,), {})
         replies = self._cluster.call(
-            "call_steps", payload, steps, timeout=self._timeout(timeout),
+            entries.call_steps, payload, steps, timeout=self._timeout(timeout),
             what=f"strategy.run_steps({_name(fn)}, {ref!r}, steps={steps})", fn=fn,
             needs_group=True,
         )  # fmt: skip

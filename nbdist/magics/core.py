@@ -154,7 +154,7 @@ def partitioner_option(text: str, namespace: dict[str, Any]) -> Any:
 def _distribute_parser() -> _Parser:
     parser = _Parser(prog="%%distribute", add_help=False)
     parser.add_argument("--targets", default=None, help="replica ids, e.g. 0,2")
-    parser.add_argument("--output", choices=OUTPUT_MODES, default="all")
+    parser.add_argument("--output", choices=OUTPUT_MODES, default=None)  # `%dist output`
     parser.add_argument("--timeout", type=float, default=None, help="seconds")
     return parser
 
@@ -164,7 +164,8 @@ _DIST_USAGE = (
     "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
     "[--ps N] [--variable-partitioner fixed:K|min_size:B|max_size:B|NAME] [--timeout S] "
     "[--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
-    "%dist status | stop | restart | auto on|off | dashboard | traceback"
+    "%dist status | stop | restart | auto on|off | dashboard | traceback\n"
+    "%dist output all|first|none|tabs|auto"
 )
 
 
@@ -176,6 +177,10 @@ class DistMagics(Magics):
         super().__init__(shell)
         self.cluster: Cluster | None = None
         self.auto = False
+        self.output = "all"
+        """The `--output` of cells that give none (`%dist output MODE`): the prefixed stream,
+        as API.md §9 fixes ("output streams live, prefixed by replica id"); `auto` opts in to
+        tabs for more than 2 replicas."""
         self.last_result: Any = None
         self.board: Any = None  # the dashboard `%dist dashboard` opened last
         _instances.add(self)
@@ -196,6 +201,7 @@ class DistMagics(Magics):
             "auto": self._auto,
             "dashboard": self._dashboard,
             "traceback": self._traceback,
+            "output": self._output,
         }.get(command)
         if handler is None:
             raise UsageError(f"%dist: unknown command {command!r}. Use:\n{_DIST_USAGE}")
@@ -295,6 +301,17 @@ class DistMagics(Magics):
             raise UsageError(f"%dist restart: {error}") from None
         print(f"Restarted in {self.cluster.start_seconds:.1f} s.")
         self._print_status()
+
+    def _output(self, words: list[str]) -> None:
+        """`%dist output MODE`: the output of every following `%%distribute` cell that names
+        none (`auto` by default: tabs for more than 2 replicas in a notebook)."""
+        if len(words) != 1 or words[0] not in OUTPUT_MODES:
+            raise UsageError(
+                f"%dist output takes one of {', '.join(OUTPUT_MODES)}, e.g. `%dist output tabs`;"
+                f" got {' '.join(words) or 'nothing'}."
+            )
+        self.output = words[0]
+        print(f"%%distribute cells show their output as `--output {self.output}` from now on.")
 
     def _auto(self, words: list[str]) -> None:
         if len(words) != 1 or words[0] not in ("on", "off"):
@@ -398,11 +415,10 @@ class DistMagics(Magics):
             targets = _targets(args.targets, cluster.num_engines)
         if args.timeout is not None and not args.timeout > 0:
             raise UsageError(f"%%distribute: --timeout must be positive, got {args.timeout:g}.")
-        value = distribute_cell(
-            cluster, cell, targets=targets, output=args.output, timeout=args.timeout
-        )
+        output = args.output or self.output
+        value = distribute_cell(cluster, cell, targets=targets, output=output, timeout=args.timeout)
         self.last_result = value
-        return None if args.output == "none" else value
+        return None if output == "none" else value
 
 
 def _communication(plan: Any) -> str:

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 IMAGES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "images"
 UPDATE_IMAGES = os.environ.get("NBDIST_UPDATE_DOC_IMAGES") == "1"  # else the tree stays clean
-INTERNAL = ("magics/core.py", "_cell.py", "calls.py", "engines.py", "engine_side",
+INTERNAL = ("magics/core.py", "_cell.py", "calls.py", "supervisor.py", "engines.py", "engine_side",
             "threading.py", "site-packages/nbdist", "/nbdist/")  # fmt: skip
 CELLS = [
     "%load_ext nbdist\n%dist start -n 2",

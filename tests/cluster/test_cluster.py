@@ -580,7 +580,7 @@ def test_lifecycle(tmp_path, monkeypatch):
         assert {row.pid for row in cluster.status()} <= set(first_pids)
         # Replica 1 fails while replica 0 waits for it in a collective: replica 0 must be
         # released quickly (not after the 300 s collective timeout), and the group is formed
-        # again (Note [Cluster health] in nbdist.cluster.calls).
+        # again (Note [Cluster health] in nbdist.cluster.supervisor).
         begin = time.perf_counter()
         with pytest.raises(RemoteError) as info:
             cluster.strategy.run(fail_before_collective)
@@ -673,3 +673,22 @@ def test_a_replica_that_returns_without_the_collective_releases_the_other_in_sec
     with pytest.raises(RemoteError, match=r"replica 1 finished strategy.run\(.*without entering"):
         cluster.strategy.run(all_reduce_on_replica_zero_only)
     assert time.monotonic() - started < 20
+
+
+def test_what_the_engines_print_in_run_is_shown_prefixed_like_a_cell(cluster, capsys):
+    """strategy.run and %%distribute share one output printer: `[N] line`, stdout and stderr
+    apart (before, strategy.run printed `[replica N] line`)."""
+
+    def speak():
+        import sys
+
+        rank = nd.get_replica_context().replica_id_in_sync_group
+        print(f"out from {rank}", flush=True)
+        print(f"err from {rank}", file=sys.stderr, flush=True)
+        return rank
+
+    assert cluster.strategy.run(speak, timeout=60).values == (0, 1)
+    captured = capsys.readouterr()
+    assert "[0] out from 0" in captured.out and "[1] out from 1" in captured.out
+    assert "[0] err from 0" in captured.err and "[1] err from 1" in captured.err
+    assert "[replica" not in captured.out + captured.err

@@ -142,6 +142,50 @@ def test_output_first_and_none(dist_shell, capsys):
     assert current_cluster() is not None
 
 
+class _Recorder:
+    """Records what the shell publishes (display and update_display), as a front end sees it."""
+
+    def __init__(self, shell):
+        self.shell, self.messages = shell, []
+
+    def __enter__(self):
+        self.publish = self.shell.display_pub.publish
+
+        def publish(data, metadata=None, *args, transient=None, update=False, **kwargs):
+            self.messages.append((dict(data), dict(transient or {}), update))
+
+        self.shell.display_pub.publish = publish
+        return self
+
+    def __exit__(self, *exc):
+        self.shell.display_pub.publish = self.publish
+
+
+def test_output_tabs_show_each_replica_and_open_on_the_failed_one(dist_shell, capsys):
+    """Issue 27, item 4: one tab per replica while the cell runs (a widget), replaced by a
+    static view when it ends: the failed replica's tab chosen and marked, every line kept."""
+    cell = (
+        "import os\nrank = int(os.environ['RANK'])\nprint('step', rank)\n"
+        "if rank == 1:\n    raise ValueError('only on one')\nrank"
+    )
+    with _Recorder(dist_shell) as shown, pytest.raises(RemoteError, match="only on one"):
+        distribute(dist_shell, cell, line="--output tabs")
+    assert "[0] step" not in capsys.readouterr().out  # not printed as a stream
+    live, final = shown.messages[0], shown.messages[-1]
+    assert "application/vnd.jupyter.widget-view+json" in live[0] and not live[2]
+    assert final[2] and final[1]["display_id"] == live[1]["display_id"]  # replaced in place
+    page, text = final[0]["text/html"], final[0]["text/plain"]
+    assert "[0] done · 1 line" in page and "[1] ✗ failed · 1 line" in page
+    chosen = page.split(" checked>")[1].split("</label>")[0]  # the tab the view opens on
+    assert "[1] ✗ failed" in chosen and page.count(" checked>") == 1
+    assert "ValueError: only on one" in page
+    assert "[0] step 0" in text and "[1] step 1" in text and "[1] ValueError: only on one" in text
+    with _Recorder(dist_shell) as shown:
+        value = distribute(dist_shell, "print('same')\n5", line="--output tabs")
+    assert value.values == (5, 5)
+    assert "[0, 1] done · 1 line" in shown.messages[-1][0]["text/html"]  # identical: one tab
+
+
 def test_targets(dist_shell):
     value = distribute(dist_shell, "import os\nint(os.environ['RANK'])", line="--targets 1")
     assert value.values == (1,)

@@ -99,3 +99,16 @@ def test_bad_parameter_server_clusters_are_refused_before_starting(kwargs, messa
 def test_num_ps_needs_the_parameter_server_strategy():
     with pytest.raises(ValueError, match="num_ps is for strategy='parameter_server'"):
         nd.Cluster(n=2, num_ps=1)
+
+
+def test_the_strategy_picks_the_cluster_class_by_name_or_by_position():
+    """`Cluster.__new__` takes `strategy` as `__init__` does, by keyword or in its place."""
+    from nbdist.cluster.ps_cluster import PSCluster
+
+    assert type(nd.Cluster(n=3, strategy="parameter_server")) is PSCluster
+    assert type(nd.Cluster(3, None, None, "local", "auto", "parameter_server")) is PSCluster
+    assert type(nd.Cluster(3, None, None, "local", "auto", " Parameter_Server ")) is PSCluster
+    assert type(nd.Cluster(2, None, None, "local", "auto", "mirrored")) is nd.Cluster
+    assert type(nd.Cluster(2)) is nd.Cluster
+    with pytest.raises(ValueError, match="num_ps is for strategy='parameter_server'"):
+        nd.Cluster(2, None, None, "local", "auto", "mirrored", num_ps=1)

@@ -416,6 +416,7 @@ def test_a_client_with_a_wrong_key_does_not_stop_a_worker_task():
     from multiprocessing import AuthenticationError
     from multiprocessing.connection import Client
 
+    from nbdist.strategies.parameter_server import worker_task
     from nbdist.strategies.parameter_server.channels import SocketChannel
 
     (port,) = free_ports(1)
@@ -425,7 +426,7 @@ def test_a_client_with_a_wrong_key_does_not_stop_a_worker_task():
             Client(("127.0.0.1", port), authkey=b"not the cluster's key")
         channel = SocketChannel(f"127.0.0.1:{port}")
         try:
-            assert channel.call("worker_info")["pid"] == os.getpid()
+            assert channel.call(worker_task.worker_info)["pid"] == os.getpid()
         finally:
             channel.close()
     finally:

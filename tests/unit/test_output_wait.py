@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from nbdist.cluster.calls import say_late_output, wait_for_outputs
+from nbdist.cluster.output import say_late_output, wait_for_outputs
 from nbdist.cluster.status import EngineInfo
 
 

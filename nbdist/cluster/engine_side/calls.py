@@ -1,9 +1,9 @@
 """The engine's entry points for the notebook's calls: `strategy.run`, `run_steps`, `push`, `pull`.
 
-Runs on the engine: `nbdist.cluster.calls.call_engines` sends `call`, `call_steps`, `store` or
-`fetch` (by reference, so the engine imports this module: the same nbdist on both sides) with
-a pickled request (`_wire`). Each returns a reply dict and never raises, so the notebook can
-say which replica failed and why.
+Runs on the engine: the notebook passes `call`, `call_steps`, `store` or `fetch` itself (a
+function, sent by reference, so the engine imports this module: the same nbdist on both sides)
+to `nbdist.cluster.supervisor.supervise`, with a pickled request (`_wire`). Each returns a
+reply dict and never raises, so the notebook can say which replica failed and why.
 
 Example (what the notebook does, through ipyparallel)::
 

@@ -1,7 +1,7 @@
 """Failure replies from the engine: what failed, where the user's code was, and whether it is
 merely a consequence of another replica's failure.
 
-Runs on the engine (the entry points of `calls` and `%%distribute`'s `magics._cell.run_cell`
+Runs on the engine (the entry points of `calls` and `%%distribute`'s `cell.run_cell`
 reply with `failure_reply` instead of raising), because only the engine has the traceback and
 knows its process group's state. The notebook only shows the reply (`RemoteError`).
 

@@ -14,7 +14,7 @@ Runs on the engine. Three guards:
   now, and the engine's publisher thread sends that note to the notebook (which cannot ask a
   busy engine: requests queue behind the running one). The notebook names it precisely
   instead of calling the replica "blocked outside Python" (Note [Cluster health] in
-  `nbdist.cluster.calls`).
+  `nbdist.cluster.supervisor`).
 
 - `group_destroyed`: a cell that called `dist.destroy_process_group()` leaves the engines
   without the group their strategy created; every reply says so (`noting_the_group`), and the

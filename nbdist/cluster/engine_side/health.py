@@ -1,6 +1,6 @@
 """Keeping the engines' process group usable: releasing blocked peers and re-forming it.
 
-Runs on the engine: the notebook's supervisor (`nbdist.cluster.calls`) calls `release_peers`
+Runs on the engine: the notebook's supervisor (`nbdist.cluster.supervisor`) calls `release_peers`
 on an engine that finished while its peers still wait in a collective, and
 `Cluster` calls `reform` on every engine once all are idle again. Sent by reference, so the
 engine imports this module (the same nbdist on both sides).
@@ -29,7 +29,7 @@ def release_peers(who: str) -> dict[str, Any]:
     """Abandon the process group if peers wait in a collective this engine will not join.
 
     Called by the notebook on an engine that finished (or failed) its cell or function while
-    others still run (Note [Releasing blocked peers] in `nbdist.cluster.calls`). `who` says
+    others still run (Note [Releasing blocked peers] in `nbdist.cluster.supervisor`). `who` says
     what this engine did, e.g. "replica 1 finished a %%distribute cell". Peers that entered
     more collectives than this engine, or sit in a `torch.distributed` call of their own, wait
     for it in vain: the group is abandoned on every rank (Note [Waking a blocked collective] in
@@ -58,7 +58,7 @@ def reform(generation: str) -> dict[str, Any]:
 
     The engine keeps its namespace and its `strategy` object; only the connections are new.
     SIGINT is ignored meanwhile: one arriving now was meant for the call just interrupted, and
-    would break the rendezvous halfway (Note [Signal before abort] in `nbdist.cluster.calls`).
+    would break the rendezvous halfway (Note [Signal before abort] in `nbdist.cluster.supervisor`).
     """
     try:
         with _sigint_ignored():

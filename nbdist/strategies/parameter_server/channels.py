@@ -1,5 +1,6 @@
 """How the coordinator reaches a worker task: a `WorkerChannel` calls a function of
-`worker_task` there and returns its reply, or raises `WorkerUnreachable` when the worker died.
+`worker_task` there (passed as the function, e.g. `worker_task.worker_info`) and returns its
+reply, or raises `WorkerUnreachable` when the worker died.
 
 `SocketChannel` talks to a `nd.Server` worker task over `multiprocessing.connection` (a
 script's cluster); engines use `nbdist.cluster.ps_dispatch.EngineChannel` (ipyparallel).
@@ -7,7 +8,7 @@ script's cluster); engines use `nbdist.cluster.ps_dispatch.EngineChannel` (ipypa
 Example (needs a running worker task, so not run here)::
 
     channel = SocketChannel("127.0.0.1:2222")
-    channel.call("worker_info")
+    channel.call(worker_task.worker_info)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import os
 import pickle
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Client
 from typing import Any
 
@@ -34,13 +36,14 @@ class WorkerUnreachable(ConnectionError):
 
 
 class WorkerChannel:
-    """Interface: `call(entry, *args)` → reply dict; `alive()`; `close()`; `name`."""
+    """Interface: `call(entry, *args)` → reply dict (`entry`: a function of `worker_task`);
+    `alive()`; `close()`; `name`."""
 
     name = "worker"
     generation = 0
     """Changes whenever the worker behind the channel may be a new process."""
 
-    def call(self, entry: str, *args: Any) -> dict[str, Any]:
+    def call(self, entry: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         raise NotImplementedError
 
     def alive(self) -> bool:
@@ -78,12 +81,15 @@ class SocketChannel(WorkerChannel):
             except WorkerUnreachable:
                 return False
 
-    def call(self, entry: str, *args: Any) -> dict[str, Any]:
+    def call(self, entry: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+        """Run `entry(*args)` on the worker task; the task's server looks the function up by
+        its name in the table of what it serves (`server._ENTRIES`)."""
         with self._lock:
             conn = self._connect()
             try:
                 # Plain pickle: multiprocessing's own pickler sends tensors as shared memory.
-                conn.send_bytes(pickle.dumps((entry, args), protocol=pickle.HIGHEST_PROTOCOL))
+                request = (entry.__name__, args)
+                conn.send_bytes(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
                 return pickle.loads(conn.recv_bytes())
             except (OSError, EOFError) as error:
                 self._drop()

@@ -37,6 +37,7 @@ from nbdist.errors import (
     PSUnavailableError,
     WorkerLostError,
 )
+from nbdist.strategies.parameter_server import worker_task
 from nbdist.strategies.parameter_server.channels import SocketChannel, WorkerUnreachable
 from nbdist.strategies.parameter_server.closures import dumps_closure
 from nbdist.strategies.parameter_server.transport import PSClient
@@ -409,7 +410,7 @@ class ClusterCoordinator:
             channel = self._channel(worker)
             try:
                 self._build_datasets(worker, channel)
-                reply = channel.call("run_closure", closure.payload)
+                reply = channel.call(worker_task.run_closure, closure.payload)
             except WorkerUnreachable:
                 with self._cond:  # put it back at the head: another worker runs it
                     self._inflight -= 1
@@ -439,7 +440,7 @@ class ClusterCoordinator:
         for dataset in list(self._datasets):
             if dataset.id in built:
                 continue
-            reply = channel.call("make_dataset", dataset.id, dataset.fn_bytes)
+            reply = channel.call(worker_task.make_dataset, dataset.id, dataset.fn_bytes)
             if "error" in reply:
                 raise _labelled(reply, worker, "create_per_worker_dataset's dataset_fn")
             built.add(dataset.id)
