@@ -393,7 +393,7 @@ class Supervisor:
             if not part.ready()
         }
         if still and all(notes.get(rank) for rank in still):
-            # Note [Caught interrupts]: running Python, they will come back; the group is
+            # running Python, they will come back (Note [Caught interrupts]); the group is
             # formed again once every engine is idle.
             self.cluster.reform_when_idle(what)
             named = "; ".join(f"replica {rank} {notes[rank]}" for rank in still)
@@ -423,8 +423,8 @@ class Supervisor:
         )
 
     def _release(self) -> None:
-        """Note [Releasing blocked peers]: ask an idle engine to abandon the group if peers
-        wait for it in a collective."""
+        """Ask an idle engine to abandon the group if peers wait for it in a collective (Note
+        [Releasing blocked peers])."""
         client = self.cluster.client
         idle = [(info, f"replica {info.rank} does not run {self.what}") for info in self.bystanders]
         for info, part in zip(self.engines, self.parts):

@@ -26,14 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from nbdist.cluster import cell_names
 from nbdist.cluster.engine_side.cell import run_cell
-from nbdist.cluster.output import OutputPrinter, say_late_output, wait_for_outputs
+from nbdist.cluster.output import OutputPrinter
 from nbdist.cluster.supervisor import Call, supervise
-from nbdist.magics._progress import CellBars
+from nbdist.magics._cell_printer import CellPrinter
 from nbdist.values import PerReplica
 
 if TYPE_CHECKING:
     from nbdist.cluster.engines import Cluster
-    from nbdist.cluster.status import EngineInfo
 
 __all__ = ["OUTPUT_MODES", "CellPrinter", "check_replicas", "distribute_cell", "python_source"]
 
@@ -58,36 +57,6 @@ def python_source(cell: str) -> str:
     from IPython.core.inputtransformer2 import TransformerManager
 
     return TransformerManager().transform_cell(cell)
-
-
-class CellPrinter(OutputPrinter):
-    """The cell's output printer: `[N] line` as every call's (`OutputPrinter`), plus the first
-    target's `nd.progress` bars, drawn in every mode (lines are printed around them)."""
-
-    def start(self, engines: Sequence[EngineInfo], parts: list[Any]) -> None:
-        super().start(engines, parts)
-        self.bars = CellBars(parts[0])
-
-    def poll(self, final: bool = False) -> None:
-        super().poll(final)
-        if not final:
-            self.bars.poll()
-
-    def write_lines(self, rank: int, stream_name: str, lines: list[str]) -> None:
-        import sys
-
-        with self.bars.writing(sys.stdout if stream_name == "stdout" else sys.stderr):
-            super().write_lines(rank, stream_name, lines)
-
-    def finish(self) -> None:
-        """The rest of the output (Note [Output after the reply] in `nbdist.cluster.output`),
-        and the bars' last states (they come with the first target's output)."""
-        shown = self.shown() or [0]
-        late = wait_for_outputs([self.parts[i] for i in shown], [self.engines[i] for i in shown])
-        self.poll(final=True)
-        self.bars.finish()
-        if self.mode != "none":
-            say_late_output(late)
 
 
 def resolve_output(output: str, targets: int) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 
 from nbdist.cluster.replies import failure_of, reply_of, reply_ok
 from nbdist.cluster.status import EngineInfo
-from nbdist.magics._cell import CellPrinter
+from nbdist.magics._cell_printer import CellPrinter
 
 __all__ = ["ReplicaOutput", "TabsPrinter", "static_view"]
 
