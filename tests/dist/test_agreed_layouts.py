@@ -47,9 +47,9 @@ def warm(op="sum", size=3, times=3):
 
 
 def collectives(fn):
-    before = group._entered
+    before = group.entered
     fn()
-    return group._entered - before
+    return group.entered - before
 
 
 out = {}

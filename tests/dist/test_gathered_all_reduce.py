@@ -50,9 +50,9 @@ for n in (1000, 5000):  # 3 x 1001 x 4 bytes gathers; 3 x 5001 x 4 does not
     for name in ("sum", "mean", "max", "min"):
         op = ReduceOp.from_value(name)
         results = [reduce(name, values(rank, n)) for _ in range(4)]  # checked, then agreed
-        before = group._entered
+        before = group.entered
         last = reduce(name, values(rank, n))
-        out["collectives"][f"{n} {name}"] = group._entered - before
+        out["collectives"][f"{n} {name}"] = group.entered - before
         pair = strategy.run(lambda: ctx().all_reduce(name, [values(rank, n), values(rank, 7)]))
         out["bits"][f"{n} {name}"] = [
             r.view(torch.int32).tolist() for r in (results[-1], last, *pair)
