@@ -177,7 +177,20 @@ class Bookkeeping:
                 missing=missing,
             )
         self.broken = f"{what} failed: {error}"
+        self.dump_recorder()
         return self._diagnose_lost(what, error)
+
+    def dump_recorder(self) -> str | None:
+        """Write the recorder to `nbdist-collectives-<pid>.json` in the temporary directory
+        (done when a collective fails or times out); returns the path, or None."""
+        import os
+        import tempfile
+
+        path = os.path.join(tempfile.gettempdir(), f"nbdist-collectives-{os.getpid()}.json")
+        try:
+            return self.recorder.dump(path)
+        except OSError:  # a full or read-only disk: the record stays in memory
+            return None
 
     def record(self, op: str, nbytes: int, start: float) -> None:
         """Record a finished collective in the telemetry (when it is enabled)."""

@@ -85,6 +85,9 @@ class CollectiveRecorder:
         self.generation = ""
         """The process group generation the entries belong to (their numbers restart with a
         new generation, so the ring is emptied then)."""
+        self.previous: dict[str, Any] = {"generation": "", "entries": []}
+        """The entries of the generation before (a group formed again after a failure keeps
+        the failure's record here)."""
 
     @property
     def enabled(self) -> bool:
@@ -107,9 +110,21 @@ class CollectiveRecorder:
                 entry[6] = time.time()
 
     def reset(self, generation: str = "") -> None:
-        """Forget every entry (a new process group generation numbers from 1 again)."""
+        """Start a new process group generation (numbered from 1 again); the entries of the
+        one before move to `previous` (when it had any)."""
+        if any(e is not None for e in self._ring):
+            self.previous = {"generation": self.generation, "entries": self.entries()}
         self._ring = [None] * self.capacity
         self.generation = generation
+
+    def dump(self, path: str) -> str:
+        """Write `entries()` (and `previous`) to `path` as JSON; returns `path`."""
+        import json
+
+        with open(path, "w") as out:
+            json.dump({"generation": self.generation, "entries": self.entries(),
+                       "previous": self.previous}, out, default=str)  # fmt: skip
+        return path
 
     def entries(self) -> list[dict[str, Any]]:
         """The entries kept, oldest first, as dictionaries (picklable, for the notebook)."""

@@ -21,7 +21,8 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError
+from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError, RemoteError
+from nbdist.magics import _stack
 from nbdist.magics._cell import OUTPUT_MODES, distribute_cell
 
 __all__ = ["DistMagics", "current_cluster"]
@@ -158,6 +159,7 @@ def _distribute_parser() -> _Parser:
     parser.add_argument("--targets", default=None, help="replica ids, e.g. 0,2")
     parser.add_argument("--output", choices=OUTPUT_MODES, default="all")
     parser.add_argument("--timeout", type=float, default=None, help="seconds")
+    parser.add_argument("--stack-after", type=float, default=_stack.DEFAULT_STACK_AFTER)
     return parser
 
 
@@ -166,7 +168,8 @@ _DIST_USAGE = (
     "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
     "[--ps N] [--variable-partitioner fixed:K|min_size:B|max_size:B|NAME] [--timeout S] "
     "[--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
-    "%dist status | stop | restart | auto on|off | dashboard | traceback"
+    "%dist status | stop | restart | auto on|off | dashboard | traceback | "
+    "stack [--all] [--collectives]"
 )
 
 
@@ -185,7 +188,8 @@ class DistMagics(Magics):
     # -- %dist --------------------------------------------------------------------------
     @line_magic
     def dist(self, line: str = "") -> None:
-        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard|traceback."""
+        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard|traceback|
+        stack."""
         words = _split(line, "%dist")
         if not words:
             raise UsageError(f"%dist needs a command:\n{_DIST_USAGE}")
@@ -198,6 +202,7 @@ class DistMagics(Magics):
             "auto": self._auto,
             "dashboard": self._dashboard,
             "traceback": self._traceback,
+            "stack": lambda words: _stack.stack_command(self.cluster, words),
         }.get(command)
         if handler is None:
             raise UsageError(f"%dist: unknown command {command!r}. Use:\n{_DIST_USAGE}")
@@ -400,9 +405,20 @@ class DistMagics(Magics):
             targets = _targets(args.targets, cluster.num_engines)
         if args.timeout is not None and not args.timeout > 0:
             raise UsageError(f"%%distribute: --timeout must be positive, got {args.timeout:g}.")
-        value = distribute_cell(
-            cluster, cell, targets=targets, output=args.output, timeout=args.timeout
-        )
+        if not args.stack_after >= 0:
+            raise UsageError(
+                f"%%distribute: --stack-after must be 0 (never) or a number of seconds, got "
+                f"{args.stack_after:g}; e.g. `%%distribute --stack-after 60`."
+            )
+        with _stack.watch(cluster, args.stack_after) as watcher:
+            try:
+                value = distribute_cell(
+                    cluster, cell, targets=targets, output=args.output, timeout=args.timeout
+                )
+            except RemoteError as error:
+                if watcher is not None and watcher.view is not None:
+                    error.notes = (*error.notes, f"Stacks shown while it waited:\n{watcher.view}")
+                raise
         self.last_result = value
         return None if args.output == "none" else value
 
