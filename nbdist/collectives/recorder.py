@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["DEFAULT_CAPACITY", "CollectiveRecorder", "call_site"]
+__all__ = ["DEFAULT_CAPACITY", "CollectiveRecorder", "call_site", "site_of"]
 
 DEFAULT_CAPACITY = 2_000
 """Collectives kept per process (`NBDIST_RECORDER_CAPACITY` overrides it; 0 turns it off)."""
@@ -35,7 +35,7 @@ DEFAULT_CAPACITY = 2_000
 _FIELDS = ("seq", "op", "shape", "dtype", "bytes", "start", "end", "site")
 _NBDIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _library_dirs: list[str] = []
-_internal: dict[Any, bool] = {}  # code object -> whether its frames are skipped
+_internal: dict[str, bool] = {}  # file name -> whether its frames are skipped
 
 
 def _library_prefixes() -> tuple[str, ...]:
@@ -51,23 +51,40 @@ def _library_prefixes() -> tuple[str, ...]:
     return tuple(_library_dirs)
 
 
-def call_site(depth: int = 2) -> tuple[str, int, str] | None:
-    """`(filename, line, function)` of the first frame above `depth` outside nbdist, torch
-    and ipyparallel (the user's call), or None when there is none (a gradient hook).
+def call_site(depth: int = 2) -> tuple[Any, int] | None:
+    """`(code, last instruction)` of the first frame above `depth` outside nbdist, torch
+    and ipyparallel (the user's call), or None when there is none (a gradient hook);
+    `site_of` turns it into `(filename, line, function)` when read (a frame's `f_lineno`
+    decodes its line table: most of a call's cost when read here).
 
-    Each code object is classified once, so a call costs a few attribute reads per frame.
+    Each file is classified once (keyed by its name, whose hash Python keeps: a code object's
+    hash is computed anew each time), so a call costs a few attribute reads per frame.
     """
     frame = sys._getframe(depth)
     internal = _internal
     while frame is not None:
         code = frame.f_code
-        skip = internal.get(code)
+        filename = code.co_filename
+        skip = internal.get(filename)
         if skip is None:
-            skip = internal[code] = code.co_filename.startswith(_library_prefixes())
+            skip = internal[filename] = filename.startswith(_library_prefixes())
         if not skip:
-            return (code.co_filename, frame.f_lineno, code.co_name)
+            return (code, frame.f_lasti)
         frame = frame.f_back
     return None
+
+
+def site_of(site: tuple[Any, int] | None) -> tuple[str, int, str] | None:
+    """`(filename, line, function)` of a `call_site`."""
+    if site is None:
+        return None
+    code, lasti = site
+    line = code.co_firstlineno
+    for start, end, number in code.co_lines():
+        if start <= lasti < end and number is not None:
+            line = number
+            break
+    return (code.co_filename, line, code.co_name)
 
 
 class CollectiveRecorder:
@@ -155,4 +172,5 @@ def _as_dict(entry: list) -> dict[str, Any]:
     shape = found["shape"]
     found["shape"] = tuple(shape) if shape is not None else None
     found["dtype"] = str(found["dtype"]).replace("torch.", "") if found["dtype"] else None
+    found["site"] = site_of(found["site"])
     return found

@@ -22,8 +22,9 @@ MODULES = sorted(
 def test_the_package_holds_one_module_per_job():
     names = {name.rsplit(".", 1)[1] for name in MODULES}
     assert names == {
-        "state", "joining", "calls", "health", "failures", "publisher", "guards", "progress"
-    }
+        "state", "joining", "calls", "health", "failures", "publisher", "guards", "progress",
+        "stacks",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("name", MODULES)
