@@ -90,10 +90,10 @@ def format_stacks(
     for members in groups.values():
         if len(members) > 1:
             lines.append(f"replicas {_ranges([m.replica for m in members])}:")
-            lines += [f"  replica {m.replica}: {_where(m)}" for m in members]
+            lines += [f"  replica {m.replica}: {_where(m, rename)}" for m in members]
         else:
             lines.append(f"replica {members[0].replica} (pid {members[0].pid} on "
-                         f"{members[0].host}): {_where(members[0])}")  # fmt: skip
+                         f"{members[0].host}): {_where(members[0], rename)}")  # fmt: skip
         lines += _frames(members[0].main, all_frames, rename)
         if all_threads:
             for name, frames in members[0].threads.items():
@@ -106,14 +106,19 @@ def format_stacks(
     return "\n".join(lines)
 
 
-def _where(stack: ReplicaStack) -> str:
+def _where(stack: ReplicaStack, rename: Callable[[str], str] | None = None) -> str:
     c = stack.collective
+    own = [f for f in stack.main if _library(f[0]) is None]
+    now = "now idle"
+    if own:
+        at = f'File "{own[-1][0]}", line {own[-1][1]}'
+        now = f"now at {rename(at) if rename else at}, in {own[-1][2]}"
     if not c:
-        return "no collective yet"
+        return f"no collective yet; {now}"
     what = f"{c['op']} #{c['seq']} ({_bytes(c.get('bytes') or 0)})"
     if c.get("end") is None:
         return f"in {what} for {c.get('waiting_s', 0.0):.1f} s"
-    return f"finished {what}; now at its own code"
+    return f"finished {what}; {now}"
 
 
 def _bytes(n: int) -> str:
@@ -171,6 +176,9 @@ _STDLIB = tuple(
 )  # fmt: skip
 
 
+_RUNNERS = ("<string>",)  # code run by exec() of a string: ipyparallel's apply, `python -c`
+
+
 def _library(filename: str) -> str | None:
     """The library a frame's file belongs to (`"torch"`, `"nbdist"`, `"python"`), or None
     for the user's own code."""
@@ -181,6 +189,6 @@ def _library(filename: str) -> str | None:
         if at >= 0:
             rest = filename[at + len(marker) + 2 :]
             return rest.split(os.sep, 1)[0].removesuffix(".py")
-    if filename.startswith(_STDLIB) or filename.startswith("<frozen"):
+    if filename.startswith(_STDLIB) or filename in _RUNNERS or filename.startswith("<frozen"):
         return "python"
     return None
