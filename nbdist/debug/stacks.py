@@ -111,8 +111,10 @@ def _where(stack: ReplicaStack, rename: Callable[[str], str] | None = None) -> s
     own = [f for f in stack.main if _library(f[0]) is None]
     now = "now idle"
     if own:
-        at = f'File "{own[-1][0]}", line {own[-1][1]}'
-        now = f"now at {rename(at) if rename else at}, in {own[-1][2]}"
+        filename, lineno, function, _ = own[-1]
+        at = f'File "{filename}", line {lineno}'
+        renamed = rename(at) if rename else at
+        now = f"now at {renamed if renamed != at else f'{filename}:{lineno}'} in {function}"
     if not c:
         return f"no collective yet; {now}"
     what = f"{c['op']} #{c['seq']} ({_bytes(c.get('bytes') or 0)})"
