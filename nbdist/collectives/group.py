@@ -304,33 +304,36 @@ class GroupLifecycle:
         """Why the group is unusable (an earlier collective failed), else None."""
         return self._books.broken
 
+    def release_at_exit(self) -> None:
+        """Before the interpreter finalizes: stop a group's heartbeat thread, let go of the
+        default process group, and destroy it if this group created it and nothing is in flight.
+
+        Note [Process group at exit]: a script that ends without `strategy.shutdown()` (most do:
+        TensorFlow has no such call) leaves its gloo process group to be destroyed during
+        finalization, and then torch 2.13 often dies of SIGABRT ("terminate called without an
+        active exception") after the script had finished: 16 of 30 launches of a raw
+        `torch.distributed` script of 2 gloo workers that ends without `destroy_process_group`,
+        0 of 30 when an atexit hook destroys it. So this hook destroys it while the interpreter is
+        whole, which is what torch asks scripts to do. Not when an asynchronous collective was
+        started and never waited for (a step that failed mid-backward) or the group was abandoned:
+        destroying waits for gloo's work in flight, which could then wait for peers that never
+        come (a hang at exit instead of a crash). The heartbeat thread is stopped first: a daemon
+        thread caught inside a store call at finalization is unwound through C++ frames that
+        cannot unwind (SIGABRT too).
+        """
+        books = self._books
+        if not books.async_numbers and books.broken is None and self._aborted is None:
+            self.shutdown()  # what a script's own strategy.shutdown() would have done
+        else:
+            self._liveness.stop()
+            self._release_world()
+
 
 def _release_at_exit(group_ref: weakref.ref) -> None:
-    """Before the interpreter finalizes: stop a group's heartbeat thread, let go of the
-    default process group, and destroy it if this group created it and nothing is in flight.
-
-    Note [Process group at exit]: a script that ends without `strategy.shutdown()` (most do:
-    TensorFlow has no such call) leaves its gloo process group to be destroyed during
-    finalization, and then torch 2.13 often dies of SIGABRT ("terminate called without an
-    active exception") after the script had finished: 16 of 30 launches of a raw
-    `torch.distributed` script of 2 gloo workers that ends without `destroy_process_group`,
-    0 of 30 when an atexit hook destroys it. So this hook destroys it while the interpreter is
-    whole, which is what torch asks scripts to do. Not when an asynchronous collective was
-    started and never waited for (a step that failed mid-backward) or the group was abandoned:
-    destroying waits for gloo's work in flight, which could then wait for peers that never
-    come (a hang at exit instead of a crash). The heartbeat thread is stopped first: a daemon
-    thread caught inside a store call at finalization is unwound through C++ frames that
-    cannot unwind (SIGABRT too).
-    """
+    """`group.release_at_exit()`, if the group still exists (an atexit hook)."""
     group = group_ref()
-    if group is None:
-        return
-    books = group._books
-    if not books.async_numbers and books.broken is None and group._aborted is None:
-        group.shutdown()  # what a script's own strategy.shutdown() would have done
-    else:
-        group._liveness.stop()
-        group._release_world()
+    if group is not None:
+        group.release_at_exit()
 
 
 _GENERATIONS = itertools.count()

@@ -25,12 +25,12 @@ import json
 import os
 import secrets
 import socket
-import sys
 import threading
 import time
 import traceback
 from typing import Any
 
+from nbdist._private_api import thread_frames
 from nbdist.cluster.engine_side import state
 
 __all__ = ["current_stacks", "recorder_entries", "start_stack_server"]
@@ -46,7 +46,7 @@ def current_stacks() -> dict[str, Any]:
     me = threading.get_ident()
     threads: dict[str, list[tuple]] = {}
     main = threading.main_thread().ident
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in thread_frames().items():
         if ident == me:
             continue
         name = names.get(ident, f"thread {ident:#x}")
