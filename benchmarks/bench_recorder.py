@@ -124,13 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         paired = median([median(paired_ratios(s["on"], s["off"])) for s in per_launch])
         on = [x for s in per_launch for x in s["on"]]
         off = [x for s in per_launch for x in s["off"]]
+        # what recording adds per call, in seconds (paired blocks: the load they share cancels)
+        added = median([median([a - b for a, b in zip(s["on"], s["off"])]) for s in per_launch])
         rows.append([workload, fmt_time(median(on)), fmt_time(median(off)), f"{ratio:.3f}x",
-                     f"{paired:.3f}x"])  # fmt: skip
-        ratios[workload] = {"ratio_of_medians": ratio, "paired": paired,
+                     f"{paired:.3f}x", f"{added * 1e6:+.1f} us"])  # fmt: skip
+        ratios[workload] = {"ratio_of_medians": ratio, "paired": paired, "added_s": added,
                             "per_launch": launch_ratios}  # fmt: skip
         checks.append(check(f"recorder on / off, {workload}", ratio, "<=", TARGET,
                             cross_check=paired))  # fmt: skip
-    print(table(["workload", "on", "off", "on/off", "paired"], rows))
+    print(table(["workload", "on", "off", "on/off", "paired", "on - off"], rows))
+    print("(per call; medians of every launch's blocks; ratios: median over launches)")
     memory = recorder_memory(10**5 if args.quick else 10**6)
     print("recorder memory after N collectives (bytes): " + ", ".join(
         f"{n}: {b:,}" for n, b in memory.items()))  # fmt: skip
