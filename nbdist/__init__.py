@@ -4,7 +4,7 @@
 The whole public API is listed here.
 """
 
-from nbdist import checkpoint, cluster_resolver, datasets, errors, experimental
+from nbdist import checkpoint, cluster_resolver, datasets, debug, errors, experimental
 from nbdist._extension import load_ipython_extension, unload_ipython_extension
 from nbdist.cluster import Cluster, RemoteError, remote
 from nbdist.cluster_resolver import ClusterSpec
@@ -119,6 +119,7 @@ __all__ = [
     "compute_average_loss",
     "dashboard",
     "datasets",
+    "debug",
     "errors",
     "experimental",
     "experimental_set_strategy",

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 from nbdist._private_api import client_location
 from nbdist.cluster import _wire
+from nbdist.cluster import stacks as engine_stacks
 from nbdist.cluster.calls import call_engines
 from nbdist.cluster.engine_side import calls as entries
 from nbdist.cluster.engine_side import health, joining
@@ -56,6 +57,7 @@ from nbdist.cluster.startup import (
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 from nbdist.cluster.stop_log import keep_crash_output, launchers_of, quiet_stop_log, write_log
 from nbdist.communication import CommunicationOptions
+from nbdist.debug.stacks import ReplicaStack
 from nbdist.errors import BusyError, InvalidArgumentError, WorkerLostError
 from nbdist.values import PerReplica
 
@@ -433,6 +435,22 @@ class Cluster:
         return pulled[0] if len(names) == 1 else pulled
 
     # -- status ---------------------------------------------------------------------------
+    def stacks(self, timeout: float = 2.0) -> list[ReplicaStack]:
+        """Every engine's live Python stacks, also while a cell runs (`%dist stack`).
+
+        One `nd.debug.ReplicaStack` per replica; engines that are gone or do not answer
+        within `timeout` seconds are named by their `state`. Changes nothing on the engines.
+        Example: `nd.debug.format_stacks(cluster.stacks())`.
+        """
+        self._require_running("cluster.stacks()")
+        return engine_stacks.stacks(self._engines, timeout)
+
+    def collective_records(self, timeout: float = 2.0) -> dict[int, list[dict[str, Any]]]:
+        """Every engine's collective recorder, `{replica: entries}` (oldest first), also
+        while a cell runs; `nd.debug.compare_collectives(cluster)` reads it."""
+        self._require_running("cluster.collective_records()")
+        return engine_stacks.collective_records(self._engines, timeout)
+
     def status(self) -> StatusTable:
         """One row per engine: replica, engine id, host, pid, device, state.
 
@@ -549,6 +567,7 @@ class Cluster:
                 pid=info["pid"],
                 device=boot["device"],
                 gpu=info["cuda_visible_devices"] if plan.gpus else None,
+                stacks=tuple(boot["stacks"]) if boot.get("stacks") else None,
             )
             for (engine_id, info, config), boot in zip(ranked, booted)
         )

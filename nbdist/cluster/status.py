@@ -30,6 +30,7 @@ class EngineInfo:
         pid: Process id (on `host`).
         device: The device its replica computes on (`"cpu:0"`, `"cuda:0"`).
         gpu: The physical GPU it is pinned to (`CUDA_VISIBLE_DEVICES`), or None.
+        stacks: `(address, port, token)` of its stack server (`cluster.stacks()`), or None.
     """
 
     id: int
@@ -38,6 +39,7 @@ class EngineInfo:
     pid: int
     device: str
     gpu: str | None = None
+    stacks: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,8 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError, session
+from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError, RemoteError, session
+from nbdist.magics import _stack
 from nbdist.magics._cell import OUTPUT_MODES, distribute_cell
 
 __all__ = ["DistMagics", "current_cluster"]
@@ -156,6 +157,7 @@ def _distribute_parser() -> _Parser:
     parser.add_argument("--targets", default=None, help="replica ids, e.g. 0,2")
     parser.add_argument("--output", choices=OUTPUT_MODES, default=None)  # `%dist output`
     parser.add_argument("--timeout", type=float, default=None, help="seconds")
+    parser.add_argument("--stack-after", type=float, default=_stack.DEFAULT_STACK_AFTER)
     return parser
 
 
@@ -164,7 +166,8 @@ _DIST_USAGE = (
     "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
     "[--ps N] [--variable-partitioner fixed:K|min_size:B|max_size:B|NAME] [--timeout S] "
     "[--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
-    "%dist status | stop | restart | auto on|off | dashboard | traceback\n"
+    "%dist status | stop | restart | auto on|off | dashboard | traceback | "
+    "stack [--all] [--collectives]\n"
     "%dist output all|first|none|tabs|auto"
 )
 
@@ -188,7 +191,8 @@ class DistMagics(Magics):
     # -- %dist --------------------------------------------------------------------------
     @line_magic
     def dist(self, line: str = "") -> None:
-        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard|traceback."""
+        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard|traceback|
+        stack."""
         words = _split(line, "%dist")
         if not words:
             raise UsageError(f"%dist needs a command:\n{_DIST_USAGE}")
@@ -202,6 +206,7 @@ class DistMagics(Magics):
             "dashboard": self._dashboard,
             "traceback": self._traceback,
             "output": self._output,
+            "stack": lambda words: _stack.stack_command(self.cluster, words),
         }.get(command)
         if handler is None:
             raise UsageError(f"%dist: unknown command {command!r}. Use:\n{_DIST_USAGE}")
@@ -415,8 +420,21 @@ class DistMagics(Magics):
             targets = _targets(args.targets, cluster.num_engines)
         if args.timeout is not None and not args.timeout > 0:
             raise UsageError(f"%%distribute: --timeout must be positive, got {args.timeout:g}.")
+        if not args.stack_after >= 0:
+            raise UsageError(
+                f"%%distribute: --stack-after must be 0 (never) or a number of seconds, got "
+                f"{args.stack_after:g}; e.g. `%%distribute --stack-after 60`."
+            )
         output = args.output or self.output
-        value = distribute_cell(cluster, cell, targets=targets, output=output, timeout=args.timeout)
+        with _stack.watch(cluster, args.stack_after) as watcher:
+            try:
+                value = distribute_cell(
+                    cluster, cell, targets=targets, output=output, timeout=args.timeout
+                )
+            except RemoteError as error:
+                if watcher is not None and watcher.view is not None:
+                    error.notes = (*error.notes, f"Stacks shown while it waited:\n{watcher.view}")
+                raise
         self.last_result = value
         return None if output == "none" else value
 

@@ -368,7 +368,8 @@ def stuck_html(data: dict, now: float | None = None) -> str:
             f"<div class='nd-stuck' style='color:#e63946;font-weight:bold'>⚠ stuck: "
             f"{html.escape(s['op'])} waiting since {since} ({s['waited']:.0f} s) · arrived: "
             f"replica(s) {arrived} · not arrived: "
-            f"<span class='nd-missing'>replica(s) {missing}</span></div>"
+            f"<span class='nd-missing'>replica(s) {missing}</span> · where each replica is: "
+            f"<code>%dist stack</code></div>"
         )
     return "".join(notes)
 

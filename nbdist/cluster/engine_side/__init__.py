@@ -20,6 +20,8 @@ One module per job:
   the notebook (a `KeyboardInterrupt` it caught, a process group it destroyed).
 - `publisher`: the telemetry feed the engine publishes while a cell runs (`cluster.feed`
   is its notebook half).
+- `stacks`: the stack server, a thread that answers `cluster.stacks()` while a cell runs
+  (`cluster.stacks` is its notebook half).
 - `progress`: the state of an `nd.progress` bar, sent to the notebook (which draws it) instead
   of tqdm's text (`magics._progress` is its notebook half).
 

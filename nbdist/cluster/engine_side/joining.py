@@ -100,6 +100,9 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     from nbdist.cluster.engine_side.publisher import start_publisher
 
     start_publisher()
+    from nbdist.cluster.engine_side.stacks import start_stack_server
+
+    stacks = start_stack_server(_address_towards(str(config["master_addr"])))
     namespace.update(nd=nd, torch=torch, strategy=strategy)
     return {
         "device": str(strategy.extended.worker_devices[0]),
@@ -107,6 +110,7 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
         "threads": threads,
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
         "prefix": group_prefix(),
+        "stacks": stacks,
     }
 
 

@@ -41,9 +41,9 @@ if __name__ == "__main__":
 
 
     def collectives(fn):
-        before = group._entered
+        before = group.entered
         fn()
-        return group._entered - before
+        return group.entered - before
 
 
     out = {}

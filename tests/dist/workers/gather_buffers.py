@@ -74,9 +74,9 @@ if __name__ == "__main__":
         reduce(torch.full((1000,), -1.0))
     if rank == 0:
         buffers.free.acquire()
-    before = group._entered
+    before = group.entered
     taken = reduce(torch.full((1000,), 5.0 * (rank + 1)))
-    out["while_taken"] = [taken.unique().tolist(), group._entered - before]
+    out["while_taken"] = [taken.unique().tolist(), group.entered - before]
     out["rows_while_taken"] = [p.unique().tolist() for p in buffers.parts]
     if rank == 0:
         buffers.free.release()

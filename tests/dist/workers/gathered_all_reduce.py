@@ -43,9 +43,9 @@ if __name__ == "__main__":
         for name in ("sum", "mean", "max", "min"):
             op = ReduceOp.from_value(name)
             results = [reduce(name, values(rank, n)) for _ in range(4)]  # checked, then agreed
-            before = group._entered
+            before = group.entered
             last = reduce(name, values(rank, n))
-            out["collectives"][f"{n} {name}"] = group._entered - before
+            out["collectives"][f"{n} {name}"] = group.entered - before
             pair = strategy.run(  # called at once, in this iteration
                 lambda: ctx().all_reduce(name, [values(rank, n), values(rank, 7)])  # noqa: B023
             )
