@@ -40,6 +40,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nbdist.cluster._controller_main import START_ENGINES_FLAG
 from nbdist.cluster.parent_watch import parent_flag
 from nbdist.cluster.plan import LaunchPlan
 
@@ -139,8 +140,9 @@ def ipyparallel_settings(
     config = Config()
     config.ControllerLauncher.connection_info_timeout = float(plan.timeout)
     # --nbdist-parent: a process started just as its starter dies still stops (parent_watch)
+    # --nbdist-start-engines: beat fast until that many engines registered (_controller_main)
     config.ControllerLauncher.controller_cmd = [
-        sys.executable, "-m", CONTROLLER_MODULE, parent_flag()
+        sys.executable, "-m", CONTROLLER_MODULE, f"{START_ENGINES_FLAG}{plan.n}", parent_flag()
     ]  # fmt: skip
     section = config[launcher_class]
     if plan.launcher == "slurm":  # srun places engines on the allocation's nodes
@@ -183,6 +185,8 @@ def ipyparallel_settings(
         "engine_launcher_class": plan.launcher,
         "controller_ip": controller_ip,
         "controller_args": [
+            # Note [Schedulers in threads]: one controller process instead of eight
+            "--IPController.use_threads=True",
             f"--HeartMonitor.period={int(heartbeat_ms)}",
             # tolerate 10 s without a beat whatever the period (at least ipyparallel's 10)
             f"--HeartMonitor.max_heartmonitor_misses={max(10, math.ceil(10_000 / heartbeat_ms))}",
