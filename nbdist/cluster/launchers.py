@@ -13,6 +13,12 @@ nbdist writes no process launcher: engines are started by ipyparallel's engine-s
   `-hosts`), and Open MPI's `--allow-run-as-root` when running as root (containers);
 - `slurm`: one `sbatch` job of N tasks (`--nodelist`/`--ntasks-per-node` for hosts).
 
+Note [Schedulers in threads]: ipyparallel's controller runs its queues and schedulers (mux,
+control, iopub, the task scheduler and three broadcast schedulers) as processes of their own by
+default: seven more processes starting at once on a small machine, for schedulers nbdist does
+not use (it sends only to direct views). `IPController.use_threads=True` runs them as threads
+of the controller (6 processes for a 2-engine cluster instead of 13).
+
 The controller listens on 127.0.0.1 unless engines run on other machines. `options` are extra
 settings for the engine-set launcher (`remote_python`, `ssh_args`, `mpi_args`, `account`, ...),
 checked against its configurable traits. Imports ipyparallel only inside `ipyparallel_settings`.

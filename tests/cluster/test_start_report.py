@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from ipyparallel import interactive
 
 from nbdist.cluster import Cluster
 from tests.cluster.conftest import stop_and_check
@@ -117,3 +118,36 @@ def test_dist_start_says_starting_before_any_slow_import_and_its_total_is_the_wa
     for name in seen["stages"]:  # every stage was printed, in order, with its time
         assert any(line.strip().endswith(name) for line in lines), (name, seen["output"])
     assert "1/2 engines registered" in seen["stages"]
+
+
+@interactive
+def _sums():
+    import torch
+
+    import nbdist as nd
+
+    ctx = nd.get_replica_context()
+    r = ctx.replica_id_in_sync_group
+    summed = ctx.all_reduce("sum", torch.tensor([1.0, float(r)]))
+    return summed, r, ctx.num_replicas_in_sync
+
+
+@pytest.mark.slow
+def test_eight_engines_start_and_all_reduce_on_two_cores(tmp_path, monkeypatch):
+    """8 engines (more than the machine's cores: 2 here) start, join one group and
+    all-reduce to the same values everywhere; every count 1/8 .. 8/8 is said."""
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    cluster = Cluster(n=8, timeout=300.0)
+    lines: list[str] = []
+    try:
+        begin = time.perf_counter()
+        cluster.start(progress=lines.append)
+        wall = time.perf_counter() - begin
+        _check_report(cluster.start_report(), lines, 8, wall)
+        summed, ranks, sizes = cluster.strategy.run(_sums)
+        assert ranks.values == tuple(range(8)) and sizes.values == (8,) * 8
+        for component in summed.values:  # (8 * 1, 0 + 1 + ... + 7)
+            assert component.tolist() == [8.0, 28.0]
+        assert [engine.rank for engine in cluster.engines] == list(range(8))
+    finally:
+        stop_and_check(cluster)
