@@ -89,8 +89,8 @@ _LAZY: dict[str, str] = {
     "errors": "nbdist.errors",  # a subpackage
     "experimental": "nbdist.experimental",  # a subpackage
     "Cluster": "nbdist.cluster",
-    "RemoteError": "nbdist.cluster",
-    "remote": "nbdist.cluster",
+    "RemoteError": "nbdist.cluster.errors",
+    "remote": "nbdist.cluster.remote",
     "ClusterSpec": "nbdist.cluster_resolver",
     "CrossDeviceOps": "nbdist.cross_device_ops",
     "HierarchicalCopyAllReduce": "nbdist.cross_device_ops",

@@ -111,3 +111,19 @@ def test_strategies_leave_dynamo_unimported_until_something_compiles():
         """
     )
     assert seen == {"dynamo_before_compiling": False, "error": "CompiledCollectiveError"}
+
+
+def test_the_controller_process_imports_no_torch():
+    """The controller runs `nbdist.cluster._controller_main`; importing the package
+    `nbdist.cluster` for it imported torch (1-2 s of CPU at every start)."""
+    seen = _run(
+        """
+        import json, sys
+        import nbdist.cluster._controller_main, nbdist.cluster.parent_watch
+        heavy = [m for m in ("torch", "ipyparallel") if m in sys.modules]
+        import nbdist.cluster.remote
+        from nbdist.cluster import remote  # the function, not the submodule
+        print(json.dumps({"heavy": heavy, "remote": callable(remote) and remote.__module__}))
+        """
+    )
+    assert seen == {"heavy": [], "remote": "nbdist.cluster.remote"}
