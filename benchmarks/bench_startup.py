@@ -16,12 +16,16 @@ shared). Reported, medians of `--trials` (>= 5 by default):
 2. the stage table of nbdist's start (`cluster.start_report()`: the median of each stage);
 3. the curve: `%dist start -n N` and a trivial `%%distribute` cell's latency (median of 5
    cells) for N = 1, 2, 4, 8 on this machine;
-4. `--loaded`: 1 again with a busy loop on each core.
+4. `--loaded`: 1 again with a busy loop on each core;
+5. checks that guard against the regression of 2026-11-24 coming back (the controller imports
+   no torch, engines no Dynamo, a 2-engine start uses <= 7 s of CPU) and the issue's targets
+   (`%load_ext` <= 0.2 s, start <= 1.5 s on a quiet machine, 8 engines' CPU <= 2x 2 engines').
+   A missed target prints MISS; it is not a failure.
 
 Also the CPU seconds the cluster's processes used to start (load-independent, unlike wall time).
 
 Run: `python benchmarks/bench_startup.py [--trials 5] [--quick] [--loaded] [--curve 1,2,4,8]`
-(~4 min quiet on 2 cores; more when the machine is busy). Writes
+(~4 min quiet on 2 cores, 15 min at load 20). Writes
 `benchmarks/results/bench_startup.json`. Every process a trial starts is stopped by the trial.
 """
 
@@ -39,7 +43,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import benchmark_parser, environment, median, table, write_result
+from _common import (
+    benchmark_parser,
+    check,
+    environment,
+    median,
+    print_checks,
+    table,
+    write_result,
+)
 
 _NBDIST = """
 import json, os, sys, time, tempfile
@@ -114,6 +126,20 @@ async def main():
 
 ready, done = asyncio.run(main())
 print(json.dumps({"load": load, "ready": ready - begin, "first_cell": done - begin}))
+"""
+
+
+_GUARD = """
+import json, subprocess, sys
+controller = subprocess.run([sys.executable, "-c",
+    "import sys, nbdist.cluster._controller_main, nbdist.cluster.parent_watch; "
+    "print([m for m in ('torch', 'ipyparallel', 'IPython') if m in sys.modules])"],
+    capture_output=True, text=True, check=True).stdout.strip()
+engine = subprocess.run([sys.executable, "-c",
+    "import sys, torch, nbdist.cluster.engine_side.joining, nbdist.cluster.engine_side.calls; "
+    "print(int('torch._dynamo' in sys.modules))"],
+    capture_output=True, text=True, check=True).stdout.strip()
+print(json.dumps({"controller": eval(controller), "engine_dynamo": int(engine)}))
 """
 
 
@@ -303,7 +329,27 @@ def main(argv: list[str] | None = None) -> int:
             loaded = _side_by_side(max(2, trials // 2), jd)
         print(table(headers, _summary(loaded)))
 
+    print("\n5. checks (a regression of 2026-11-24 doubled the start: guarded here)")
+    guard = _run(sys.executable, _GUARD)
+    checks = [
+        check("%load_ext nbdist", median([r["load_ext"] for r in nbdist_runs]), "<=", 0.2,
+              unit=" s"),
+        check(f"%load_ext + %dist start -n 2 (load {median([r['load'] for r in nbdist_runs]):.0f})",
+              median([r["ready"] for r in nbdist_runs]), "<=", 1.5, unit=" s",
+              note="the issue's target on a quiet 2-core machine"),
+        check("CPU of a 2-engine cluster's start", median([r["cluster_cpu"] for r in nbdist_runs]),
+              "<=", 7.0, unit=" s", note="9.3-11.7 s with Dynamo and torch imported everywhere"),
+        check("heavy modules the controller imports", float(len(guard["controller"])), "<=", 0,
+              unit="", note=f"{guard['controller']}"),
+        check("engines import torch._dynamo", float(guard["engine_dynamo"]), "<=", 0, unit=""),
+    ]  # fmt: skip
+    cpu = {p["engines"]: p["cluster_cpu"] for p in points}
+    if 2 in cpu and 8 in cpu:
+        checks.append(check("CPU of 8 engines' start / 2 engines'", cpu[8] / cpu[2], "<=", 2.0))
+    print_checks(checks)
+
     payload = {
+        "checks": checks,
         "environment": env,
         "trials": trials,
         "jupyter_distributed": jd_note,
