@@ -1,67 +1,164 @@
 """nbdist: TensorFlow's `tf.distribute` programming model for PyTorch, from a notebook.
 
 `import nbdist as nd`. Importing starts no process, opens no socket and initialises no CUDA.
-The whole public API is listed here.
+The whole public API is listed here (`__all__`).
+
+Note [Lazy public API]: `import nbdist` (and so `%load_ext nbdist`) imports none of torch,
+ipyparallel, matplotlib or ipywidgets; each public name is imported from its module the first
+time it is used (`nd.MirroredStrategy` imports torch then), through the module's `__getattr__`
+(PEP 562). `%load_ext nbdist` thus takes a few milliseconds, and `%dist start` can say what it
+does before the slow imports begin. `_LAZY` maps every public name to its module.
+
+Example:
+    >>> import nbdist as nd
+    >>> nd.ReduceOp.SUM.name
+    'SUM'
 """
 
-from nbdist import checkpoint, cluster_resolver, datasets, debug, errors, experimental
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
 from nbdist._extension import load_ipython_extension, unload_ipython_extension
-from nbdist.cluster import Cluster, RemoteError, remote
-from nbdist.cluster_resolver import ClusterSpec
-from nbdist.cross_device_ops import (
-    CrossDeviceOps,
-    HierarchicalCopyAllReduce,
-    NcclAllReduce,
-    ReductionToOneDevice,
-)
-from nbdist.errors import (
-    CheckpointError,
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    NbdistError,
-    PSUnavailableError,
-    RendezvousError,
-    ReplicaReleasedError,
-    StrategyMixingError,
-    WorkerLostError,
-)
-from nbdist.input import (
-    DistributedDataset,
-    DistributedIterator,
-    InputContext,
-    InputOptions,
-    InputReplicationMode,
-)
-from nbdist.metrics import log, progress
-from nbdist.reduce import ReduceOp
-from nbdist.strategies import (
-    CentralStorageStrategy,
-    MirroredStrategy,
-    MultiWorkerMirroredStrategy,
-    OneDeviceStrategy,
-    ParameterServerStrategy,
-    ReplicaContext,
-    Server,
-    Strategy,
-    StrategyExtended,
-)
-from nbdist.strategies.current import (
-    experimental_set_strategy,
-    get_loss_reduction,
-    get_replica_context,
-    get_strategy,
-    has_strategy,
-    in_cross_replica_context,
-)
-from nbdist.strategies.losses import compute_average_loss, scale_regularization_loss
-from nbdist.values import DistributedValues, Mirrored, PerReplica
-from nbdist.variables import (
-    MirroredVariable,
-    SyncOnReadVariable,
-    Variable,
-    VariableAggregation,
-    VariableSynchronization,
-)
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` imports
+    from nbdist import checkpoint, cluster_resolver, datasets, debug, errors, experimental
+    from nbdist.cluster import Cluster, RemoteError, remote
+    from nbdist.cluster_resolver import ClusterSpec
+    from nbdist.cross_device_ops import (
+        CrossDeviceOps,
+        HierarchicalCopyAllReduce,
+        NcclAllReduce,
+        ReductionToOneDevice,
+    )
+    from nbdist.errors import (
+        CheckpointError,
+        CollectiveMismatchError,
+        CollectiveTimeoutError,
+        NbdistError,
+        PSUnavailableError,
+        RendezvousError,
+        ReplicaReleasedError,
+        StrategyMixingError,
+        WorkerLostError,
+    )
+    from nbdist.input import (
+        DistributedDataset,
+        DistributedIterator,
+        InputContext,
+        InputOptions,
+        InputReplicationMode,
+    )
+    from nbdist.metrics import log, progress
+    from nbdist.reduce import ReduceOp
+    from nbdist.strategies import (
+        CentralStorageStrategy,
+        MirroredStrategy,
+        MultiWorkerMirroredStrategy,
+        OneDeviceStrategy,
+        ParameterServerStrategy,
+        ReplicaContext,
+        Server,
+        Strategy,
+        StrategyExtended,
+    )
+    from nbdist.strategies.current import (
+        experimental_set_strategy,
+        get_loss_reduction,
+        get_replica_context,
+        get_strategy,
+        has_strategy,
+        in_cross_replica_context,
+    )
+    from nbdist.strategies.losses import compute_average_loss, scale_regularization_loss
+    from nbdist.values import DistributedValues, Mirrored, PerReplica
+    from nbdist.variables import (
+        MirroredVariable,
+        SyncOnReadVariable,
+        Variable,
+        VariableAggregation,
+        VariableSynchronization,
+    )
+
+_LAZY: dict[str, str] = {
+    "checkpoint": "nbdist.checkpoint",  # a subpackage
+    "cluster_resolver": "nbdist.cluster_resolver",  # a subpackage
+    "datasets": "nbdist.datasets",  # a subpackage
+    "debug": "nbdist.debug",  # a subpackage
+    "errors": "nbdist.errors",  # a subpackage
+    "experimental": "nbdist.experimental",  # a subpackage
+    "Cluster": "nbdist.cluster",
+    "RemoteError": "nbdist.cluster.errors",
+    "remote": "nbdist.cluster.refs",
+    "ClusterSpec": "nbdist.cluster_resolver",
+    "CrossDeviceOps": "nbdist.cross_device_ops",
+    "HierarchicalCopyAllReduce": "nbdist.cross_device_ops",
+    "NcclAllReduce": "nbdist.cross_device_ops",
+    "ReductionToOneDevice": "nbdist.cross_device_ops",
+    "CheckpointError": "nbdist.errors",
+    "CollectiveMismatchError": "nbdist.errors",
+    "CollectiveTimeoutError": "nbdist.errors",
+    "NbdistError": "nbdist.errors",
+    "PSUnavailableError": "nbdist.errors",
+    "RendezvousError": "nbdist.errors",
+    "ReplicaReleasedError": "nbdist.errors",
+    "StrategyMixingError": "nbdist.errors",
+    "WorkerLostError": "nbdist.errors",
+    "DistributedDataset": "nbdist.input",
+    "DistributedIterator": "nbdist.input",
+    "InputContext": "nbdist.input",
+    "InputOptions": "nbdist.input",
+    "InputReplicationMode": "nbdist.input",
+    "log": "nbdist.metrics",
+    "progress": "nbdist.metrics",
+    "ReduceOp": "nbdist.reduce",
+    "CentralStorageStrategy": "nbdist.strategies",
+    "MirroredStrategy": "nbdist.strategies",
+    "MultiWorkerMirroredStrategy": "nbdist.strategies",
+    "OneDeviceStrategy": "nbdist.strategies",
+    "ParameterServerStrategy": "nbdist.strategies",
+    "ReplicaContext": "nbdist.strategies",
+    "Server": "nbdist.strategies",
+    "Strategy": "nbdist.strategies",
+    "StrategyExtended": "nbdist.strategies",
+    "experimental_set_strategy": "nbdist.strategies.current",
+    "get_loss_reduction": "nbdist.strategies.current",
+    "get_replica_context": "nbdist.strategies.current",
+    "get_strategy": "nbdist.strategies.current",
+    "has_strategy": "nbdist.strategies.current",
+    "in_cross_replica_context": "nbdist.strategies.current",
+    "compute_average_loss": "nbdist.strategies.losses",
+    "scale_regularization_loss": "nbdist.strategies.losses",
+    "DistributedValues": "nbdist.values",
+    "Mirrored": "nbdist.values",
+    "PerReplica": "nbdist.values",
+    "MirroredVariable": "nbdist.variables",
+    "SyncOnReadVariable": "nbdist.variables",
+    "Variable": "nbdist.variables",
+    "VariableAggregation": "nbdist.variables",
+    "VariableSynchronization": "nbdist.variables",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use (Note [Lazy public API])."""
+    module = _LAZY.get(name)
+    if module is None:
+        # a submodule not named in the public API (`nd.strategies`, `nd.values`), reachable as
+        # it was when `import nbdist` imported every layer
+        if name.startswith("_") or importlib.util.find_spec(f"nbdist.{name}") is None:
+            raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
+        module = f"nbdist.{name}"
+    imported = importlib.import_module(module)
+    value = imported if module == f"nbdist.{name}" else getattr(imported, name)
+    globals()[name] = value  # later uses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def dashboard(target=None):

@@ -3,25 +3,81 @@
 `nd.Cluster(n=2)` starts ipyparallel engines joined in one `torch.distributed` group, each
 holding a `MultiWorkerMirroredStrategy` as `strategy`; `cluster.strategy` runs functions on
 them from the notebook and brings results back as `PerReplica` values. Importing this package
-starts nothing and does not import ipyparallel.
+starts nothing and imports neither ipyparallel nor torch: each name below is imported from its
+module on first use (as `nbdist`'s, Note [Lazy public API]), so the controller and the engines,
+which run modules of this package (`_controller_main`, `parent_watch`), import only what they
+use (the controller imported torch through this file: 1-2 s of CPU at every start).
 """
 
-from nbdist.cluster.engines import Cluster
-from nbdist.cluster.errors import (
-    ClusterInterrupted,
-    ClusterStartError,
-    ClusterStoppedError,
-    ClusterUnusableError,
-    EngineTimeoutError,
-    RemoteError,
-    RemoteFailure,
-    RemoteNameError,
-    SerializationError,
-)
-from nbdist.cluster.ps_cluster import PSCluster  # noqa: F401  (Cluster(strategy="parameter_server"))
-from nbdist.cluster.refs import RemoteRef, remote
-from nbdist.cluster.remote import EngineStrategy
-from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbdist.cluster.engines import Cluster
+    from nbdist.cluster.errors import (
+        ClusterInterrupted,
+        ClusterStartError,
+        ClusterStoppedError,
+        ClusterUnusableError,
+        EngineTimeoutError,
+        RemoteError,
+        RemoteFailure,
+        RemoteNameError,
+        SerializationError,
+    )
+    from nbdist.cluster.refs import RemoteRef, remote
+    from nbdist.cluster.remote import EngineStrategy
+    from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
+
+_LAZY: dict[str, str] = {
+    "Cluster": "nbdist.cluster.engines",
+    "ClusterInterrupted": "nbdist.cluster.errors",
+    "ClusterStartError": "nbdist.cluster.errors",
+    "ClusterStoppedError": "nbdist.cluster.errors",
+    "ClusterUnusableError": "nbdist.cluster.errors",
+    "EngineTimeoutError": "nbdist.cluster.errors",
+    "RemoteError": "nbdist.cluster.errors",
+    "RemoteFailure": "nbdist.cluster.errors",
+    "RemoteNameError": "nbdist.cluster.errors",
+    "SerializationError": "nbdist.cluster.errors",
+    "EngineStrategy": "nbdist.cluster.remote",
+    "RemoteRef": "nbdist.cluster.refs",
+    "remote": "nbdist.cluster.refs",
+    "EngineInfo": "nbdist.cluster.status",
+    "EngineStatus": "nbdist.cluster.status",
+    "StatusTable": "nbdist.cluster.status",
+}
+
+
+class _Package(types.ModuleType):
+    """This package's module: its name `remote` is always the function `remote`, never the
+    submodule `nbdist.cluster.remote` that Python binds there when it is imported (eagerly
+    imported, the name was rebound right after; lazily, it must not be bound at all)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "remote" and isinstance(value, types.ModuleType):
+            return  # the submodule stays in sys.modules; `remote` resolves through __getattr__
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbdist.cluster' has no attribute {name!r}")
+    if name == "Cluster":  # Cluster(strategy="parameter_server") creates a PSCluster
+        importlib.import_module("nbdist.cluster.ps_cluster")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Cluster",

@@ -25,8 +25,66 @@ def main() -> None:
     from ipyparallel.controller.app import main as controller_main
 
     IPController.save_connection_dict = _save_connection_dict_atomically
+    _beat_fast_until_registered(_flag_value(START_ENGINES_FLAG))
     controller_main()
     _exit_at_once()
+
+
+START_ENGINES_FLAG = "--nbdist-start-engines="
+"""Argument naming how many engines the start waits for (`_beat_fast_until_registered`)."""
+
+START_BEAT_MS = 50
+"""The heartbeat period while engines register (Note [A fast beat while engines register])."""
+
+
+def _flag_value(flag: str) -> int:
+    """Remove `FLAG=N` from `sys.argv` (ipyparallel would refuse it); N, or 0 without it."""
+    import sys
+
+    for index, argument in enumerate(sys.argv[1:], start=1):
+        if argument.startswith(flag):
+            del sys.argv[index]
+            with contextlib.suppress(ValueError):
+                return int(argument[len(flag) :])
+    return 0
+
+
+# Note [A fast beat while engines register]: ipyparallel's controller finishes an engine's
+# registration only when the engine's heart answers a heartbeat, so every engine waited up to
+# one period (0.5 s by default, and a registration round trip per beat on a busy machine)
+# after it asked to register. While fewer hearts beat than engines are starting, the heart
+# monitor beats every START_BEAT_MS and counts no missed beats (an engine is not missing
+# beats before it registered); once every engine's heart answered (or after the start's
+# timeout), it beats at the cluster's period. The monitor runs in a process forked from this
+# one, so patching its class here reaches it.
+def _beat_fast_until_registered(engines: int) -> None:
+    """Make the heart monitor beat every START_BEAT_MS until `engines` hearts answer."""
+    if engines <= 0:
+        return
+    import time
+
+    from ipyparallel.controller.heartmonitor import HeartMonitor
+
+    start, beat = HeartMonitor.start, HeartMonitor.beat
+
+    def start_fast(monitor: HeartMonitor) -> None:
+        start(monitor)
+        monitor.caller.callback_time = min(START_BEAT_MS, monitor.period)
+        monitor.nbdist_fast_until = time.monotonic() + 120.0
+
+    def beat_fast(monitor: HeartMonitor) -> None:
+        until = getattr(monitor, "nbdist_fast_until", None)
+        if until is None:
+            beat(monitor)
+            return
+        monitor.on_probation = {}  # no misses counted before every engine registered
+        beat(monitor)
+        if len(monitor.hearts) >= engines or time.monotonic() > until:
+            monitor.caller.callback_time = monitor.period
+            monitor.nbdist_fast_until = None
+
+    HeartMonitor.start = start_fast
+    HeartMonitor.beat = beat_fast
 
 
 def _exit_at_once() -> None:

@@ -15,65 +15,46 @@ starts, not on import.
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import contextlib
 import logging
 import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from nbdist._private_api import client_location
-from nbdist.cluster import _wire
+from nbdist.cluster import _wire, bringup
 from nbdist.cluster import stacks as engine_stacks
 from nbdist.cluster.calls import call_engines
 from nbdist.cluster.engine_side import calls as entries
-from nbdist.cluster.engine_side import health, joining
 from nbdist.cluster.errors import (
     ClusterInterrupted,
     ClusterStartError,
     ClusterStoppedError,
-    ClusterUnusableError,
     EngineTimeoutError,
 )
-from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
-from nbdist.cluster.lockdown import private_dirs, private_files
+from nbdist.cluster.launchers import ipyparallel_settings
 from nbdist.cluster.plan import LaunchPlan, make_plan, with_communication
 from nbdist.cluster.processes import ProcessSet, pid_alive
 from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
-from nbdist.cluster.replies import interrupt_note, reply_ok
 from nbdist.cluster.sigint import interrupts_deferred
+from nbdist.cluster.start_report import StartClock, StartReport
 from nbdist.cluster.startup import (
-    launch_failure,
     output_tail,
-    probe_timeout,
     quiet,
-    rank_engines,
-    wait_all,
-    wait_for_registration,
 )
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
-from nbdist.cluster.stop_log import keep_crash_output, launchers_of, quiet_stop_log, write_log
+from nbdist.cluster.stop_log import launchers_of, quiet_stop_log, write_log
+from nbdist.cluster.turns import CallGuard
 from nbdist.communication import CommunicationOptions
 from nbdist.debug.stacks import ReplicaStack
-from nbdist.errors import BusyError, InvalidArgumentError, WorkerLostError
+from nbdist.errors import InvalidArgumentError
 from nbdist.values import PerReplica
 
 __all__ = ["Cluster"]
 
 _LOG = logging.getLogger(__name__)
-_ATTACH = (
-    "import nbdist.cluster.engine_side.state as _nbdist_engine_state\n"
-    "import nbdist.cluster.engine_side.guards as _nbdist_engine_guards\n"
-    "_nbdist_engine_state.attach(get_ipython().user_ns)\n"
-    "_nbdist_engine_guards.refuse_exit(get_ipython())\n"
-    "del _nbdist_engine_state, _nbdist_engine_guards\n"
-)
-"""The first code every engine runs: remember its namespace; `exit()` and `quit()` are refused
-there from now on (`engine_side.guards.refuse_exit`)."""
-
 REAP_GRACE_S = 1.0
 """Seconds what is left of a cluster after ipyparallel's stop gets to exit before it is killed."""
 
@@ -87,7 +68,7 @@ def _stop_all_at_exit() -> None:
             cluster.stop()
 
 
-class Cluster:
+class Cluster(CallGuard):
     """Engines for a notebook: one replica each, joined in one `torch.distributed` group.
 
     Args:
@@ -231,9 +212,13 @@ class Cluster:
         self.last_replica_check: tuple[float, bool, str] | None = None
         """(wall time, replicas identical, message) of the newest end-of-cell replica check."""
         self._strategy = EngineStrategy(self)
+        self._clock = StartClock(quiet)  # the running start's stages (start_report)
         self._progress: Callable[[str], None] = quiet
+        self._report: StartReport | None = None
+        self._greeter: Any = None
         self.start_seconds: float | None = None
-        """Seconds the last `start()` took until every engine had its strategy."""
+        """Seconds the last start took until every engine had its strategy (the total of
+        `start_report()`)."""
         self.log_file: str | None = None
         """After `stop()`: the file with what the engines and the controller printed."""
 
@@ -256,7 +241,7 @@ class Cluster:
     @property
     def broken(self) -> str | None:
         """Why the engines' process group is unusable, else None (Note [Cluster health] in
-        `supervisor`): a timeout, an interrupt or a failed collective that left an engine blocked,
+        `calls`): a timeout, an interrupt or a failed collective that left an engine blocked,
         a dead engine, or a group that could not be formed again.
 
         `strategy.run` and `%%distribute` cells refuse to run (`ClusterUnusableError`) until
@@ -304,15 +289,21 @@ class Cluster:
         return {engine: tuple(requests) for engine, requests in list(self._inflight.items())}
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self, progress: Callable[[str], None] | None = None) -> Cluster:
+    def start(
+        self, progress: Callable[[str], None] | None = None, *, began: float | None = None
+    ) -> Cluster:
         """Start the controller and engines, and give every engine its strategy.
 
         Returns when every engine has joined the process group, or raises within `timeout`
         seconds having stopped whatever it started. Does nothing if already running.
 
         Args:
-            progress: Called with a short line at each stage (hosts checked, engines
-                registered, group joined), e.g. `print`; `%dist start` shows them.
+            progress: Called with a line at each stage as it happens, the seconds since the
+                start began first (`"1.3 s  2/2 engines registered"`): imports, engines
+                launched, controller started, each engine registered, the group joined. E.g.
+                `print`; `%dist start` shows them. `start_report()` has them afterwards.
+            began: the `time.perf_counter()` moment the report counts from (default: now);
+                `%dist start` passes the moment its line began, so that its imports count.
 
         Raises:
             EngineTimeoutError: (a `TimeoutError`) the controller or the engines did not start,
@@ -332,12 +323,12 @@ class Cluster:
                 "start() again (on a running cluster it returns at once)."
             )
         _register_atexit()
-        begin = time.perf_counter()
+        self._clock = StartClock(progress or quiet, began)
+        self._progress = self._clock.stage  # a subclass's _join says its stages with it
         deadline = time.monotonic() + self._plan.timeout
         self._state = "starting"
         _running.add(self)
         try:
-            self._progress = progress or quiet
             self._launch(deadline)
             self._join(deadline)
         except BaseException as error:
@@ -365,8 +356,23 @@ class Cluster:
                 f"The cluster failed to start: {type(error).__name__}: {error}\n{output}"
             ) from error
         self._state = "running"
-        self.start_seconds = time.perf_counter() - begin
+        self._report = self._clock.finish()
+        self.start_seconds = self._report.total
         return self
+
+    def start_report(self) -> StartReport | None:
+        """What the last start waited for, stage by stage, with its total (None before the
+        first start succeeded). `print(cluster.start_report())` shows a table; the total
+        counts from the `%dist start` line when the magic started the cluster (its imports
+        included), else from `start()`'s call.
+
+        Example (starts processes, so not run here)::
+
+            report = cluster.start_report()
+            report.total                                     # 2.9 (seconds)
+            [(s.name, s.seconds) for s in report.stages]     # [('imports done ...', 0.4), ...]
+        """
+        return self._report
 
     def stop(self) -> None:
         """Stop the engines and the controller; return once none of their processes is left.
@@ -380,9 +386,11 @@ class Cluster:
         self._teardown()
 
     def restart(self, progress: Callable[[str], None] | None = None) -> Cluster:
-        """Stop and start again: fresh engines and a fresh process group (state is lost)."""
+        """Stop and start again: fresh engines and a fresh process group (state is lost).
+        The start report's total includes the stop."""
+        began = time.perf_counter()
         self.stop()
-        return self.start(progress)
+        return self._start(progress, began)
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -491,93 +499,14 @@ class Cluster:
 
     # -- starting -------------------------------------------------------------------------
     def _launch(self, deadline: float) -> None:
-        import ipyparallel
-
-        plan = self._plan
-        settings = self._settings
-        if plan.launcher == "ssh" and plan.hosts:
-            try:
-                probe_hosts(
-                    settings,
-                    [host for host, _ in plan.hosts],
-                    settings.remote_python,
-                    probe_timeout(deadline),
-                )
-            except ConnectionError as error:
-                raise ClusterStartError(str(error)) from None
-            self._progress(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
-        self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
-        private_dirs(self._ipp.profile_dir)  # connection files, keys and logs: owner only
-        self._ipp.log = _ipp_logger(self._ipp.cluster_id, settings.cluster_kwargs["log_level"])
-        keep_crash_output(
-            self._ipp.log, self._ipp.profile_dir, self._ipp.cluster_id, self._exited_engine
-        )
-        threads = max(1, joining.cores() // plan.n)
-        if not settings.engines_first:
-            self._ipp.start_controller_sync()
-        for count, environment in plan.engine_sets():
-            env = {
-                "OMP_NUM_THREADS": str(threads),
-                "MKL_NUM_THREADS": str(threads),
-                "MPLBACKEND": "Agg",  # engines have no screen; %%distribute shows figures
-            }
-            env.update(environment)
-            try:
-                self._ipp.start_engines_sync(n=count, environment=env)
-            except Exception as error:
-                raise ClusterStartError(launch_failure(plan, error)) from error
-        if settings.engines_first:
-            self._ipp.start_controller_sync()
-        self._record_processes()
-        self._client = self._ipp.connect_client_sync()
-        private_files(self._ipp.profile_dir, self._ipp.cluster_id)
-        wait_for_registration(self._ipp, self._client, plan, deadline, self._progress)
-        self._record_processes()
+        """Start the processes and wait for registration (`bringup.launch`)."""
+        # a subclass's _join does its own requests
+        greet = type(self)._join is Cluster._join  # noqa: SLF001 (this class's own method)
+        self._greeter = bringup.launch(self, deadline, greet)
 
     def _join(self, deadline: float) -> None:
-        """Attach, describe and bootstrap every engine (concurrently), in rank order."""
-        plan = self._plan
-        ids = sorted(self._client.ids)[: plan.n]
-        view = self._client.direct_view(ids)
-        wait_all(view.execute(_ATTACH, block=False), deadline, "attaching", plan.timeout)
-        described = wait_all(
-            view.apply_async(joining.describe, self._controller_address()),
-            deadline,
-            "describing",
-            plan.timeout,
-        )
-        ranked = rank_engines(plan, ids, described)
-        results = [
-            self._client.direct_view([engine_id]).apply_async(joining.bootstrap, config)
-            for engine_id, _, config in ranked
-        ]
-        from ipyparallel.client.asyncresult import AsyncResult
-
-        booted = wait_all(AsyncResult.join(*results), deadline, "joining the group", plan.timeout)
-        backend = booted[0].get("backend", "?") if booted else "?"
-        first = ranked[0][2]
-        self._rendezvous = (str(first["master_addr"]), int(first["master_port"]))
-        self._group_prefix = booted[0].get("prefix") if booted else None
-        self._progress(f"{plan.n} engines joined one torch.distributed group ({backend})")
-        self._engines = tuple(
-            EngineInfo(
-                id=engine_id,
-                rank=config["rank"],
-                host=info["host"],
-                pid=info["pid"],
-                device=boot["device"],
-                gpu=info["cuda_visible_devices"] if plan.gpus else None,
-                stacks=tuple(boot["stacks"]) if boot.get("stacks") else None,
-            )
-            for (engine_id, info, config), boot in zip(ranked, booted)
-        )
-
-    def _controller_address(self) -> str:
-        """The controller's address as engines reach it (they report their own from it)."""
-        if self._settings.controller_ip == "127.0.0.1":
-            return "127.0.0.1"
-        location = client_location(self._client)
-        return str(location or socket.gethostname())
+        """Bootstrap every engine at once, in rank order (`bringup.join`)."""
+        bringup.join(self, deadline, self._greeter)
 
     # -- calling --------------------------------------------------------------------------
     def call(
@@ -604,183 +533,8 @@ class Cluster:
                 deadline=deadline,
             )  # fmt: skip
 
-    # Note [One call at a time]: every call into the engines (`strategy.run`, `run_steps`,
-    # `push`, `pull`, a `%%distribute` cell) holds the cluster's turn from its checks to its
-    # last reply, so the busy check and the submission are one step: two notebook threads
-    # calling at once can never send requests whose collectives pair with each other's (they
-    # gave wrong values, the replicas even disagreeing). A second call waits its turn, and
-    # its timeout covers the wait; past it, `BusyError` names the call it waited for.
-    @contextlib.contextmanager
-    def turn(self, what: str, timeout: float | None = None) -> Iterator[float | None]:
-        """Hold the cluster for one call (Note [One call at a time]); yields the call's
-        deadline on `time.monotonic()`'s clock (None: no limit), `timeout` s after it began
-        to wait (`time_left` says what is left).
-
-        Raises:
-            BusyError: (a `TimeoutError`) another thread's call still held the cluster after
-                `timeout` seconds; nothing was sent.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if timeout is None:
-            acquired = self._turn_lock.acquire()
-        else:
-            acquired = self._turn_lock.acquire(timeout=timeout)
-        if not acquired:
-            raise BusyError(
-                f"{what} waited {timeout:g} s for {self._turn_holder or 'another call'} to "
-                "finish, and was not sent. Calls into one cluster from several threads run "
-                "one at a time (the cluster is usable): give this call a longer timeout, or "
-                "call the cluster from one thread."
-            )
-        self._turn_holder = f"{what} (thread {threading.current_thread().name!r})"
-        try:
-            yield deadline
-        finally:
-            self._turn_holder = None
-            self._turn_lock.release()
-
-    def time_left(self, what: str, timeout: float | None, deadline: float | None) -> float | None:
-        """Seconds left until `deadline` (None: no limit); `BusyError` when waiting for earlier
-        calls used up the call's `timeout`."""
-        if deadline is None:
-            return None
-        left = deadline - time.monotonic()
-        if left > 0:
-            return left
-        raise BusyError(
-            f"{what} waited {timeout:g} s for earlier calls into the cluster to finish, and "
-            "was not sent. Calls into one cluster run one at a time (the cluster is usable): "
-            "give this call a longer timeout."
-        )
-
-    def track_request(self, engine_id: int, request: Any) -> None:
-        """Count `request` (an AsyncResult) as running on the engine until it is answered."""
-        pending = self._inflight.setdefault(engine_id, set())
-        pending.add(request)
-        request.add_done_callback(pending.discard)
-
-    def require_alive(self, what: str, fix: str = "cluster.restart()") -> None:
-        """Raise `WorkerLostError` naming the dead engines' replicas before sending `what`.
-
-        A request to a dead engine would never be answered (ipyparallel also refuses to
-        address an unregistered engine), so calls check first and name the fix.
-        """
-        dead = tuple(row.rank for row in self.status() if row.state == "dead")
-        if dead:
-            raise WorkerLostError(
-                f"The engine(s) of replica(s) {list(dead)} are dead (their process exited), so "
-                f"{what} was not run. Run {fix} to start fresh engines (engine state is lost), "
-                "then run it again.",
-                missing=dead,
-            )
-
-    def require_usable(
-        self, what: str, fix: str = "cluster.restart()", *, wait: float | None = 0.0
-    ) -> None:
-        """Raise `ClusterUnusableError` naming what happened and `fix` if the process group
-        is unusable (Note [Cluster health] in `supervisor`), so `what` never pairs with a stuck
-        collective or queues behind a blocked engine; then `require_idle(what, fix, wait)`."""
-        if self._broken is not None:
-            raise ClusterUnusableError(
-                f"{what} was not run: the cluster is unusable because {self._broken}. Run {fix} "
-                "to start fresh engines (engine state is lost), then run it again.",
-                reason=self._broken,
-            )
-        self.require_idle(what, fix, wait=wait)
-        if self._reform_pending is not None:
-            reason, self._reform_pending = self._reform_pending, None
-            problem = self.repair(reason)
-            if problem is not None:
-                self.mark_broken(f"{reason}; forming the process group again failed: {problem}")
-                self.require_usable(what, fix)
-
-    def require_idle(
-        self, what: str, fix: str = "cluster.restart()", *, wait: float | None = 0.0
-    ) -> None:
-        """Wait up to `wait` seconds (None: no limit) for engines still running an earlier
-        request (`what` would queue behind it). Still busy: `ClusterUnusableError` when the
-        cluster is unusable (an engine left blocked), else `BusyError`; either says what a
-        replica runs when it caught an interrupt and went on."""
-        pending = [request for requests in self._inflight.values() for request in requests]
-        if pending and self._broken is None and (wait is None or wait > 0):
-            concurrent.futures.wait(pending, timeout=wait)
-        busy = [row.rank for row in self.status() if row.state == "busy"]
-        if not busy:
-            return
-        notes = self.busy_notes()
-        running = "".join(f" Replica {rank} {notes[rank]}." for rank in busy if rank in notes)
-        if self._broken is not None:
-            raise ClusterUnusableError(
-                f"{what} was not run: replica(s) {busy} are still busy with an earlier request, "
-                f"and the cluster is unusable because {self._broken}.{running} Run {fix} to "
-                "start fresh engines (engine state is lost).",
-                reason=self._broken,
-            )
-        waited = "" if not wait else f" after {wait:g} s"
-        raise BusyError(
-            f"{what} was not sent: replica(s) {busy} were still busy with an earlier "
-            f"request{waited}.{running} The cluster is usable: run it again once they finish "
-            f"(or give it a longer timeout), or run {fix} to stop them (engine state is lost)."
-        )
-
-    def busy_notes(self) -> dict[int, str]:
-        """`{replica: note}` for engines running on after catching a `KeyboardInterrupt`
-        (Note [Caught interrupts] in `supervisor`): what they run now."""
-        notes = {}
-        for info in self._engines:
-            for request in list(self._inflight.get(info.id, ())):
-                note = interrupt_note(self._client, request)
-                if note:
-                    notes[info.rank] = note
-        return notes
-
-    def reform_when_idle(self, reason: str) -> None:
-        """Form the process group again before the next call that needs it, once every engine
-        is idle (an interrupt abandoned it while an engine ran on: Note [Caught interrupts] in
-        `supervisor`)."""
-        self._reform_pending = self._reform_pending or reason
-
-    def mark_broken(self, reason: str) -> None:
-        """Record why the process group is unusable (the first reason is kept) until restart."""
-        if self._broken is None:
-            self._broken = reason
-
-    def abort_group(self, reason: str) -> bool:
-        """Abandon the engines' process group on every engine (Note [Waking a blocked
-        collective] in `nbdist.collectives.abort`): collectives blocked in C fail within a
-        heartbeat. False when the rendezvous store cannot be reached."""
-        if self._rendezvous is None or self._group_prefix is None:
-            return False
-        if any(row.rank == 0 and row.state == "dead" for row in self.status()):
-            return False  # the store died with engine 0, and so did the group's connections
-        from nbdist.collectives.abort import request_abort
-
-        addr, port = self._rendezvous
-        return request_abort(addr, port, self._group_prefix, reason, timeout=2.0)
-
-    def repair(self, reason: str) -> str | None:
-        """Form the process group again on every engine, keeping their Python state; None on
-        success (recorded in `repaired`), else what went wrong. Every engine must be idle."""
-        self._generation += 1
-        generation = f"r{self._generation}"
-        ids = [info.id for info in self._engines]
-        try:
-            result = self._client.direct_view(ids).apply_async(health.reform, generation)
-            replies = result.get(timeout=min(self._plan.timeout, 30.0))
-        except Exception as error:
-            return f"{type(error).__name__}: {error}"
-        replies = replies if isinstance(replies, list) else [replies]
-        bad = [r for r in replies if not reply_ok(r)]
-        if bad:
-            reply = bad[0]
-            return f"{reply.get('ename')}: {reply.get('evalue')}"
-        base = (self._group_prefix or "nbdist/0/").rstrip("/").rpartition("/")[0] or "nbdist"
-        self._group_prefix = f"{base}/{generation}/"
-        self._repaired = reason
-        return None
-
     def _exited_engine(self, identifier: Any) -> str | None:
-        """"replica R's engine (pid P)" for the engine launcher `identifier` that has just
+        """ "replica R's engine (pid P)" for the engine launcher `identifier` that has just
         exited (ipyparallel marks it stopped before it logs the process's output), or None."""
         ipp = self._ipp
         for engine_set in list(getattr(ipp, "engines", {}).values()):
@@ -873,13 +627,3 @@ def _register_atexit() -> None:
     if not _atexit_registered:
         atexit.register(_stop_all_at_exit)
         _atexit_registered = True
-
-
-def _ipp_logger(cluster_id: str, level: int) -> logging.Logger:
-    """The logger of one ipyparallel cluster and its launchers (its own, not the kernel's
-    application logger that ipyparallel picks inside Jupyter, so filters added to it touch
-    this cluster only). Its records go to the root logger's handlers: in a kernel, the cell.
-    """
-    logger = logging.getLogger(f"nbdist.cluster.ipyparallel.{cluster_id}")
-    logger.setLevel(level)
-    return logger

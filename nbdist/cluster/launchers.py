@@ -13,6 +13,12 @@ nbdist writes no process launcher: engines are started by ipyparallel's engine-s
   `-hosts`), and Open MPI's `--allow-run-as-root` when running as root (containers);
 - `slurm`: one `sbatch` job of N tasks (`--nodelist`/`--ntasks-per-node` for hosts).
 
+Note [Schedulers in threads]: ipyparallel's controller runs its queues and schedulers (mux,
+control, iopub, the task scheduler and three broadcast schedulers) as processes of their own by
+default: seven more processes starting at once on a small machine, for schedulers nbdist does
+not use (it sends only to direct views). `IPController.use_threads=True` runs them as threads
+of the controller (6 processes for a 2-engine cluster instead of 13).
+
 The controller listens on 127.0.0.1 unless engines run on other machines. `options` are extra
 settings for the engine-set launcher (`remote_python`, `ssh_args`, `mpi_args`, `account`, ...),
 checked against its configurable traits. Imports ipyparallel only inside `ipyparallel_settings`.
@@ -40,6 +46,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nbdist.cluster._controller_main import START_ENGINES_FLAG
 from nbdist.cluster.parent_watch import parent_flag
 from nbdist.cluster.plan import LaunchPlan
 
@@ -139,8 +146,9 @@ def ipyparallel_settings(
     config = Config()
     config.ControllerLauncher.connection_info_timeout = float(plan.timeout)
     # --nbdist-parent: a process started just as its starter dies still stops (parent_watch)
+    # --nbdist-start-engines: beat fast until that many engines registered (_controller_main)
     config.ControllerLauncher.controller_cmd = [
-        sys.executable, "-m", CONTROLLER_MODULE, parent_flag()
+        sys.executable, "-m", CONTROLLER_MODULE, f"{START_ENGINES_FLAG}{plan.n}", parent_flag()
     ]  # fmt: skip
     section = config[launcher_class]
     if plan.launcher == "slurm":  # srun places engines on the allocation's nodes
@@ -183,6 +191,8 @@ def ipyparallel_settings(
         "engine_launcher_class": plan.launcher,
         "controller_ip": controller_ip,
         "controller_args": [
+            # Note [Schedulers in threads]: one controller process instead of eight
+            "--IPController.use_threads=True",
             f"--HeartMonitor.period={int(heartbeat_ms)}",
             # tolerate 10 s without a beat whatever the period (at least ipyparallel's 10)
             f"--HeartMonitor.max_heartmonitor_misses={max(10, math.ceil(10_000 / heartbeat_ms))}",

@@ -56,13 +56,21 @@ def quiet(line: str) -> None:
 
 
 def wait_for_registration(
-    ipp: Any, client: Any, plan: LaunchPlan, deadline: float, progress: Callable[[str], None]
+    ipp: Any,
+    client: Any,
+    plan: LaunchPlan,
+    deadline: float,
+    progress: Callable[[str], None],
+    on_registered: Callable[[list[int]], None] | None = None,
 ) -> None:
     """Wait until `plan.n` engines have registered; fail at once when an engine process exits.
 
     ipyparallel learns that a launched process exited in a thread that hands the news to
     its event loop, which runs only inside its `*_sync` calls; so the exit is read here
-    from that thread having ended.
+    from that thread having ended. `progress` hears every count ("1/2 engines registered",
+    then "2/2 ..."), even when several engines registered between two looks;
+    `on_registered` gets the ids of the engines registered so far at each look that found
+    a new one.
 
     Raises:
         ClusterStartError: an engine process exited before registering.
@@ -74,17 +82,24 @@ def wait_for_registration(
     waiting = client.wait_for_engines(
         plan.n, timeout=_remaining(deadline), block=False, interactive=False
     )
-    registered = 0
+    said = 0
+
+    def say_new() -> None:
+        nonlocal said
+        ids = list(client.ids)
+        if len(ids) > said and on_registered is not None:
+            on_registered(sorted(ids)[: plan.n])
+        for count in range(said + 1, min(len(ids), plan.n) + 1):
+            progress(f"{count}/{plan.n} engines registered")
+        said = max(said, min(len(ids), plan.n))
+
     while True:
         try:
             waiting.result(timeout=_POLL_S)
-            progress(f"{plan.n}/{plan.n} engines registered")
+            say_new()
             return
         except TimeoutError:  # not yet (or ipyparallel's own wait timed out: done())
-            if len(client.ids) > registered:
-                registered = len(client.ids)
-                if registered < plan.n:
-                    progress(f"{registered}/{plan.n} engines registered")
+            say_new()
             exited = [launcher for launcher in launchers if launcher_has_exited(launcher)]
             if exited and not waiting.done():
                 names = ", ".join(str(getattr(x, "identifier", "?")) for x in exited)
@@ -95,7 +110,7 @@ def wait_for_registration(
                 ) from None
             if waiting.done() or time.monotonic() >= deadline:
                 if len(client.ids) >= plan.n:  # the last one registered just now
-                    progress(f"{plan.n}/{plan.n} engines registered")
+                    say_new()
                     return
                 break
     raise EngineTimeoutError(

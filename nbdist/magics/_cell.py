@@ -29,6 +29,7 @@ from nbdist.cluster.engine_side.cell import run_cell
 from nbdist.cluster.output import OutputPrinter
 from nbdist.cluster.supervisor import Call, supervise
 from nbdist.magics._cell_printer import CellPrinter
+from nbdist.magics._modes import OUTPUT_MODES, PREFIXED_UP_TO
 from nbdist.values import PerReplica
 
 if TYPE_CHECKING:
@@ -36,12 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OUTPUT_MODES", "CellPrinter", "check_replicas", "distribute_cell", "python_source"]
 
-OUTPUT_MODES = ("all", "first", "none", "tabs", "auto")
-"""`%%distribute --output`: every replica's lines prefixed, the first target's, none, one tab
-per replica (`magics._tabs`), or `auto`: `tabs` for more than `PREFIXED_UP_TO` targets in a
-Jupyter kernel, else `all` (docs/notebooks.md argues the choice)."""
-PREFIXED_UP_TO = 2
-"""`--output auto` prints up to this many replicas' lines prefixed, in one stream."""
 _CELL = Call(
     what="a %%distribute cell",
     fix="`%dist restart`",

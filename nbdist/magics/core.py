@@ -15,14 +15,18 @@ import ast
 import math
 import shlex
 import sys
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError, RemoteError, session
+from nbdist.cluster import session
 from nbdist.magics import _stack
-from nbdist.magics._cell import OUTPUT_MODES, distribute_cell
+from nbdist.magics._modes import OUTPUT_MODES
+
+if TYPE_CHECKING:  # imported when a command needs them (Note [Lazy public API] in nbdist)
+    from nbdist.cluster import Cluster
 
 __all__ = ["DistMagics", "current_cluster"]
 
@@ -213,6 +217,7 @@ class DistMagics(Magics):
         handler(rest)
 
     def _start(self, words: list[str]) -> None:
+        began = time.perf_counter()  # the start's report counts from here (the user waits)
         args = _start_parser().parse_args(words)
         if args.n is not None and args.n < 1:
             raise UsageError(
@@ -233,14 +238,23 @@ class DistMagics(Magics):
                     "`%dist start --strategy parameter_server -n 3 --ps 1`."
                 )
             extra["num_ps"] = args.ps
+        if args.variable_partitioner is not None and args.strategy != "parameter_server":
+            raise UsageError(
+                "%dist start: --variable-partitioner is for --strategy parameter_server; "
+                "e.g. `%dist start --strategy parameter_server --variable-partitioner fixed:2`."
+            )
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                f"%dist start: a cluster is already running ({self.cluster!r}). Use "
+                "`%dist restart` for fresh engines, or `%dist stop` before starting another."
+            )
+        # Said before anything slow, the imports included (Note [Lazy public API] in nbdist).
+        print(f"Starting {f'{args.n} ' if args.n else ''}engine(s)…", flush=True)
         if args.variable_partitioner is not None:
-            if args.strategy != "parameter_server":
-                raise UsageError(
-                    "%dist start: --variable-partitioner is for --strategy parameter_server; "
-                    "e.g. `%dist start --strategy parameter_server --variable-partitioner fixed:2`."
-                )
             namespace = self.shell.user_ns if self.shell is not None else {}
             extra["variable_partitioner"] = partitioner_option(args.variable_partitioner, namespace)
+        from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError
+
         try:
             cluster = Cluster(
                 n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,
@@ -250,14 +264,8 @@ class DistMagics(Magics):
             )  # fmt: skip
         except (ValueError, TypeError, NotImplementedError, RuntimeError) as error:
             raise UsageError(f"%dist start: {error}") from None
-        if self.cluster is not None and self.cluster.running:
-            raise UsageError(
-                f"%dist start: a cluster is already running ({self.cluster!r}). Use "
-                "`%dist restart` for fresh engines, or `%dist stop` before starting another."
-            )
-        print(f"Starting {cluster.num_engines} engine(s)…", flush=True)
         try:
-            cluster.start(progress=_print_progress)
+            cluster.start(progress=_print_progress, began=began)
         except (ClusterStartError, EngineTimeoutError) as error:
             # Everything started was stopped; the message names the cause and the fix.
             raise UsageError(f"%dist start: {error}") from None
@@ -269,7 +277,7 @@ class DistMagics(Magics):
             published = f"; `{_NAMESPACE_NAME}` in this notebook"
         if args.strategy == "parameter_server":
             published += _publish_ps(namespace, cluster)
-        print(f"Started in {cluster.start_seconds:.1f} s{published}.")
+        print(f"Started in {cluster.start_seconds:.1f} s{published}.")  # since `began`
         self._print_status()
 
     def _status(self, words: list[str]) -> None:
@@ -299,12 +307,16 @@ class DistMagics(Magics):
         _no_arguments("restart", words)
         if self.cluster is None:
             raise UsageError("%dist restart: no cluster to restart. Start one: `%dist start`.")
-        print(f"Restarting {self.cluster.num_engines} engine(s) (engine state is lost)…")
+        from nbdist.cluster import ClusterStartError, EngineTimeoutError
+
+        print(
+            f"Restarting {self.cluster.num_engines} engine(s) (engine state is lost)…", flush=True
+        )
         try:
             self.cluster.restart(progress=_print_progress)
         except (ClusterStartError, EngineTimeoutError) as error:
             raise UsageError(f"%dist restart: {error}") from None
-        print(f"Restarted in {self.cluster.start_seconds:.1f} s.")
+        print(f"Restarted in {self.cluster.start_seconds:.1f} s.")  # the stop included
         self._print_status()
 
     def _output(self, words: list[str]) -> None:
@@ -425,6 +437,9 @@ class DistMagics(Magics):
                 f"%%distribute: --stack-after must be 0 (never) or a number of seconds, got "
                 f"{args.stack_after:g}; e.g. `%%distribute --stack-after 60`."
             )
+        from nbdist.cluster import RemoteError
+        from nbdist.magics._cell import distribute_cell
+
         output = args.output or self.output
         with _stack.watch(cluster, args.stack_after) as watcher:
             try:

@@ -1,11 +1,46 @@
-"""Strategies: where replicas run and how variables are kept (one module each)."""
+"""Strategies: where replicas run and how variables are kept (one module each).
 
-from nbdist.strategies.base import ReplicaContext, Strategy, StrategyExtended
-from nbdist.strategies.central_storage import CentralStorageStrategy
-from nbdist.strategies.mirrored import MirroredStrategy
-from nbdist.strategies.multi_worker import MultiWorkerMirroredStrategy
-from nbdist.strategies.one_device import DefaultStrategy, OneDeviceStrategy
-from nbdist.strategies.parameter_server import ParameterServerStrategy, Server
+Each name below is imported from its module on first use (as `nbdist`'s, Note [Lazy public
+API]): an engine that needs `MultiWorkerMirroredStrategy` does not import the parameter-server
+machinery with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbdist.strategies.base import ReplicaContext, Strategy, StrategyExtended
+    from nbdist.strategies.central_storage import CentralStorageStrategy
+    from nbdist.strategies.mirrored import MirroredStrategy
+    from nbdist.strategies.multi_worker import MultiWorkerMirroredStrategy
+    from nbdist.strategies.one_device import DefaultStrategy, OneDeviceStrategy
+    from nbdist.strategies.parameter_server import ParameterServerStrategy, Server
+
+_LAZY: dict[str, str] = {
+    "ReplicaContext": "nbdist.strategies.base",
+    "Strategy": "nbdist.strategies.base",
+    "StrategyExtended": "nbdist.strategies.base",
+    "CentralStorageStrategy": "nbdist.strategies.central_storage",
+    "MirroredStrategy": "nbdist.strategies.mirrored",
+    "MultiWorkerMirroredStrategy": "nbdist.strategies.multi_worker",
+    "DefaultStrategy": "nbdist.strategies.one_device",
+    "OneDeviceStrategy": "nbdist.strategies.one_device",
+    "ParameterServerStrategy": "nbdist.strategies.parameter_server",
+    "Server": "nbdist.strategies.parameter_server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbdist.strategies' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CentralStorageStrategy",

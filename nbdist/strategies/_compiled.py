@@ -23,6 +23,9 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -76,8 +79,9 @@ def collective_between_graphs(fn: F) -> F:
 
 def _disabled_unless_eager(fn: F, reason: str) -> F:
     """`torch.compiler.disable(fn, reason=reason)`, without the disable wrapper's cost in
-    plain eager code (Note [Eager code skips the disable wrapper])."""
-    disabled = torch.compiler.disable(fn, reason=reason)
+    plain eager code (Note [Eager code skips the disable wrapper]), nor Dynamo's import
+    (Note [Dynamo is imported by whoever compiles])."""
+    disabled: Callable[..., Any] = fn  # torch.compiler.disable(fn) once Dynamo is imported
 
     # Note [Eager code skips the disable wrapper]: `disabled` turns Dynamo's frame hook off
     # around the call and back on after: a dozen extra calls each time, paid twice per user
@@ -92,8 +96,76 @@ def _disabled_unless_eager(fn: F, reason: str) -> F:
             return disabled(*args, **kwargs)
         return fn(*args, **kwargs)
 
-    skipped_by_dynamo_like(call, disabled)
+    def mark() -> None:
+        nonlocal disabled
+        disabled = torch.compiler.disable(fn, reason=reason)
+        skipped_by_dynamo_like(call, disabled)
+
+    _when_dynamo_imported(mark)
     return call  # type: ignore[return-value]
+
+
+# Note [Dynamo is imported by whoever compiles]: `torch.compiler.disable` imports Dynamo
+# (`torch._dynamo`), which costs as much as `import torch` itself (1-2 s on 2 cores). Done when
+# this module was imported, every engine of a `Cluster` and every notebook that touched a
+# strategy paid it, compiled or not: it doubled `%dist start` (2026-11-24 to -27). Nothing can
+# run compiled before Dynamo is imported (`torch.compile` imports it), so the marks wait for
+# that: applied at once when Dynamo is already there, else right after its import finishes
+# (`_DynamoImportHook`, a `sys.meta_path` finder that wraps Dynamo's loader). A compiled step
+# then sees exactly what it saw with eager marking.
+_pending_marks: list[Callable[[], None]] = []
+_DYNAMO = "torch._dynamo"
+
+
+def _when_dynamo_imported(mark: Callable[[], None]) -> None:
+    """Run `mark` now if Dynamo is imported, else right after it is."""
+    module = sys.modules.get(_DYNAMO)
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", 0):
+        mark()
+        return
+    _pending_marks.append(mark)
+    if not any(isinstance(finder, _DynamoImportHook) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _DynamoImportHook())
+
+
+def _run_pending_marks() -> None:
+    while _pending_marks:
+        _pending_marks.pop(0)()
+
+
+class _DynamoImportHook(importlib.abc.MetaPathFinder):
+    """Finds `torch._dynamo` with the other finders and runs the pending marks once its
+    module has executed (then leaves `sys.meta_path`)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != _DYNAMO:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _MarkingLoader(spec.loader)
+        return spec
+
+
+class _MarkingLoader(importlib.abc.Loader):
+    """Dynamo's own loader, then the pending marks (every other attribute is the loader's)."""
+
+    def __init__(self, loader: Any):
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _run_pending_marks()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
 
 
 class _EagerZeroGrad:

@@ -24,6 +24,7 @@ def test_every_listed_name_is_checked_here():
         "torch.autograd.Variable._execution_engine.queue_callback",
         "ipyparallel launcher._wait_thread", "ipyparallel IPEngine._signal_stop",
         "ipyparallel IPController.save_connection_dict", "ipyparallel Client._config",
+        "ipyparallel HeartMonitor.start/beat, its caller, hearts and on_probation",
 
 
         "torch._C._dynamo.eval_frame.get_eval_frame_callback",
@@ -199,6 +200,20 @@ def test_controller_connection_files_are_written_whole(tmp_path):
     assert json.loads(written.read_text()) == {"key": "k", "n": 1}
     assert written.stat().st_mode & 0o777 == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["ipcontroller-engine.json"]  # no temp left
+
+
+def test_heart_monitor_keeps_what_the_fast_start_beat_wraps():
+    import inspect
+
+    from ipyparallel.controller.heartmonitor import HeartMonitor
+
+    assert list(inspect.signature(HeartMonitor.beat).parameters) == ["self"]
+    assert list(inspect.signature(HeartMonitor.start).parameters) == ["self"]
+    assert "self.caller = ioloop.PeriodicCallback(self.beat, self.period)" in inspect.getsource(
+        HeartMonitor.start
+    ), "ipyparallel HeartMonitor.start no longer keeps its PeriodicCallback as .caller"
+    traits = HeartMonitor.class_trait_names()
+    assert {"hearts", "on_probation", "period"} <= set(traits)
 
 
 def test_dynamo_frame_hook_is_none_in_eager_code_and_set_inside_a_compiled_function():

@@ -31,7 +31,7 @@ _state: dict[str, Any] = {"namespace": None, "strategy": None, "rank": None}
 def attach(user_ns: dict[str, Any]) -> None:
     """Remember the engine's interactive namespace (IPython's `user_ns`).
 
-    The first thing the notebook runs on a new engine (`engines._ATTACH`), so that
+    The first thing the notebook runs on a new engine (`bringup.ATTACH`), so that
     `bootstrap` and the calls can reach the names the user's cells define.
     """
     _state["namespace"] = user_ns

@@ -1,0 +1,193 @@
+"""How `Cluster.start` brings a cluster up: launch the processes, then join the group.
+
+- `launch`: the engines (before the controller, for local engines: they import torch while
+  it comes up and wait for its connection file), the controller, the client; then waits for
+  every engine to register, sending each one its first requests (attach, describe) the moment
+  it registers (`Greeter`), so that they run while the others are still registering;
+- `join`: ranks the engines from their descriptions and bootstraps every engine at once:
+  torchrun variables, torch threads, a `MultiWorkerMirroredStrategy` named `strategy`.
+
+Each step is a stage of the start's `StartClock` (`start_report`), said as it happens. The
+functions work on a `Cluster`'s own fields (they are its start-up, kept out of `engines.py`).
+
+Example (starts processes, so not run here)::
+
+    launch(cluster, deadline, greeter)   # engines registered, attached, described
+    join(cluster, deadline, greeter)     # one torch.distributed group
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+from nbdist._private_api import client_location
+from nbdist.cluster.engine_side import joining
+from nbdist.cluster.errors import ClusterStartError
+from nbdist.cluster.launchers import IpyparallelSettings, probe_hosts
+from nbdist.cluster.lockdown import private_dirs, private_files
+from nbdist.cluster.startup import (
+    launch_failure,
+    probe_timeout,
+    rank_engines,
+    wait_all,
+    wait_for_registration,
+)
+from nbdist.cluster.status import EngineInfo
+from nbdist.cluster.stop_log import keep_crash_output
+
+if TYPE_CHECKING:
+    from nbdist.cluster.engines import Cluster
+
+__all__ = ["ATTACH", "Greeter", "controller_address", "join", "launch"]
+
+ATTACH = (
+    "import nbdist.cluster.engine_side.state as _nbdist_engine_state\n"
+    "import nbdist.cluster.engine_side.guards as _nbdist_engine_guards\n"
+    "_nbdist_engine_state.attach(get_ipython().user_ns)\n"
+    "_nbdist_engine_guards.refuse_exit(get_ipython())\n"
+    "del _nbdist_engine_state, _nbdist_engine_guards\n"
+)
+"""The first code every engine runs: remember its namespace; `exit()` and `quit()` are refused
+there from now on (`engine_side.guards.refuse_exit`)."""
+
+
+class Greeter:
+    """Sends each engine its first requests as soon as it registers: attach, then describe.
+
+    Both are queued on the engine at once (one engine runs its requests in order), so there is
+    no round trip between them, and engine 0's are done while engine 1 still registers.
+    """
+
+    def __init__(self, client: Any, address: str):
+        self._client = client
+        self._address = address
+        self.sent: dict[int, tuple[Any, Any]] = {}
+
+    def __call__(self, ids: list[int]) -> None:
+        for engine_id in ids:
+            if engine_id not in self.sent:
+                view = self._client.direct_view([engine_id])
+                self.sent[engine_id] = (
+                    view.execute(ATTACH, block=False),
+                    view.apply_async(joining.describe, self._address),
+                )
+
+    def described(self, ids: list[int], deadline: float, timeout: float) -> list[Any]:
+        """Every engine's description (attached first), in the order of `ids`."""
+        self(ids)
+        from ipyparallel.client.asyncresult import AsyncResult
+
+        attached = AsyncResult.join(*(self.sent[i][0] for i in ids))
+        wait_all(attached, deadline, "attaching", timeout)
+        described = AsyncResult.join(*(self.sent[i][1] for i in ids))
+        return wait_all(described, deadline, "describing", timeout)
+
+
+def launch(cluster: Cluster, deadline: float, greet: bool) -> Greeter | None:
+    """Start `cluster`'s controller and engines, connect its client, wait for registration.
+
+    Returns the `Greeter` that sent the registered engines their first requests (None when
+    `greet` is False: a cluster whose `_join` does its own).
+    """
+    import ipyparallel
+
+    plan = cluster.plan
+    settings: IpyparallelSettings = cluster._settings
+    clock = cluster._clock
+    clock.stage("imports done (nbdist, torch, ipyparallel)")
+    if plan.launcher == "ssh" and plan.hosts:
+        try:
+            probe_hosts(
+                settings,
+                [host for host, _ in plan.hosts],
+                settings.remote_python,
+                probe_timeout(deadline),
+            )
+        except ConnectionError as error:
+            raise ClusterStartError(str(error)) from None
+        clock.stage(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
+    ipp = cluster._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
+    private_dirs(ipp.profile_dir)  # connection files, keys and logs: owner only
+    ipp.log = ipp_logger(ipp.cluster_id, settings.cluster_kwargs["log_level"])
+    keep_crash_output(ipp.log, ipp.profile_dir, ipp.cluster_id, cluster._exited_engine)
+    threads = max(1, joining.cores() // plan.n)
+    if not settings.engines_first:
+        ipp.start_controller_sync()
+        clock.stage("controller process launched")
+    for count, environment in plan.engine_sets():
+        env = {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "MPLBACKEND": "Agg",  # engines have no screen; %%distribute shows figures
+        }
+        env.update(environment)
+        try:
+            ipp.start_engines_sync(n=count, environment=env)
+        except Exception as error:
+            raise ClusterStartError(launch_failure(plan, error)) from error
+    clock.stage(f"{plan.n} engine process(es) launched")
+    if settings.engines_first:
+        ipp.start_controller_sync()
+        clock.stage("controller process launched (the engines import torch meanwhile)")
+    cluster._record_processes()
+    client = cluster._client = ipp.connect_client_sync()
+    clock.stage("connected to the controller")
+    private_files(ipp.profile_dir, ipp.cluster_id)
+    greeter = Greeter(client, controller_address(settings, client)) if greet else None
+    wait_for_registration(ipp, client, plan, deadline, clock.stage, on_registered=greeter)
+    cluster._record_processes()
+    return greeter
+
+
+def join(cluster: Cluster, deadline: float, greeter: Greeter | None) -> None:
+    """Bootstrap every engine of `cluster` at once, in rank order; record them."""
+    plan = cluster.plan
+    client = cluster._client
+    ids = sorted(client.ids)[: plan.n]
+    greeter = greeter or Greeter(client, controller_address(cluster._settings, client))
+    described = greeter.described(ids, deadline, plan.timeout)
+    ranked = rank_engines(plan, ids, described)
+    results = [
+        client.direct_view([engine_id]).apply_async(joining.bootstrap, config)
+        for engine_id, _, config in ranked
+    ]
+    from ipyparallel.client.asyncresult import AsyncResult
+
+    booted = wait_all(AsyncResult.join(*results), deadline, "joining the group", plan.timeout)
+    backend = booted[0].get("backend", "?") if booted else "?"
+    first = ranked[0][2]
+    cluster._rendezvous = (str(first["master_addr"]), int(first["master_port"]))
+    cluster._group_prefix = booted[0].get("prefix") if booted else None
+    cluster._engines = tuple(
+        EngineInfo(
+            id=engine_id,
+            rank=config["rank"],
+            host=info["host"],
+            pid=info["pid"],
+            device=boot["device"],
+            gpu=info["cuda_visible_devices"] if plan.gpus else None,
+            stacks=tuple(boot["stacks"]) if boot.get("stacks") else None,
+        )
+        for (engine_id, info, config), boot in zip(ranked, booted)
+    )
+    cluster._clock.stage(f"{plan.n} engines joined one torch.distributed group ({backend})")
+
+
+def controller_address(settings: IpyparallelSettings, client: Any) -> str:
+    """The controller's address as engines reach it (they report their own from it)."""
+    if settings.controller_ip == "127.0.0.1":
+        return "127.0.0.1"
+    location = client_location(client)
+    return str(location or socket.gethostname())
+
+
+def ipp_logger(cluster_id: str, level: int) -> logging.Logger:
+    """The logger of one ipyparallel cluster and its launchers (its own, not the kernel's
+    application logger that ipyparallel picks inside Jupyter, so filters added to it touch
+    this cluster only). Its records go to the root logger's handlers: in a kernel, the cell.
+    """
+    logger = logging.getLogger(f"nbdist.cluster.ipyparallel.{cluster_id}")
+    logger.setLevel(level)
+    return logger
