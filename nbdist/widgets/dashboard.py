@@ -1,12 +1,17 @@
 """`nd.dashboard()`: one widget with four views (placement, reductions, training, engines)
-that updates itself while cells run.
+under a live summary line, that updates itself while cells run.
 
 Views are drawn with matplotlib's Agg canvas into `ipywidgets.Image` (tables as `HTML`): that
-is what reaches the page while the kernel is busy. Tabs switch in the browser. One refresher
-thread collects the numbers about once a second, redraws only the views whose data changed,
-groups the updates with `hold_sync()`, and waits longer between refreshes when drawing is
-slow (at most 2 % of the time is spent refreshing while the replicas run in this process, 20 %
-while they run on engines).
+is what reaches the page while the kernel is busy. Tabs switch in the browser; the widget opens
+on Training, the view that changes while training runs. One refresher thread collects the
+numbers about once a second, redraws only the views whose data changed, groups the updates
+with `hold_sync()`, and waits longer between refreshes when drawing costs much CPU (at most 2 %
+of a core is spent refreshing while the replicas run in this process, 20 % while they run on
+engines; counted in CPU time, so a loaded machine, which stretches the wall time of a refresh,
+does not slow the refreshes down).
+
+When its cluster stops (`%dist stop`, `cluster.stop()`) the dashboard freezes: it stops
+refreshing and leaves its last state as one picture in the output (`freeze()`).
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ import ipywidgets
 
 from nbdist.timeline import chrome_trace
 from nbdist.widgets._canvas import new_figure, png_bytes
-from nbdist.widgets._data import source_for
+from nbdist.widgets._data import DashboardData, source_for
 from nbdist.widgets.engines import EnginesView, engines_html
 from nbdist.widgets.placement import PlacementView
 from nbdist.widgets.reductions import ReductionsView, draw_reductions
+from nbdist.widgets.summary import summary_html, summary_text
 from nbdist.widgets.training import TrainingView, draw_training
 
 __all__ = ["Dashboard", "dashboard", "draw_dashboard"]
@@ -34,25 +40,29 @@ __all__ = ["Dashboard", "dashboard", "draw_dashboard"]
 _INTERVAL_S = 1.0
 _MAX_INTERVAL_S = 10.0
 _DRAW_SHARE = 0.02
-"""At most this share of the time goes to refreshing (collect + draw) while the replicas run in
-this process (an in-process strategy): training shares its CPU and GIL with the refresher, and
-issue 9 allows the dashboard 3 % of it (benchmarks/bench_dashboard_overhead.py). With ~100 ms
-refreshes (reductions, training, collect) that is one every 5 s."""
+"""At most this share of a core goes to refreshing (collect + draw, CPU time) while the
+replicas run in this process (an in-process strategy): training shares its CPU and GIL with
+the refresher, and issue 9 allows the dashboard 3 % of it
+(benchmarks/bench_dashboard_overhead.py). With ~100 ms refreshes (reductions, training,
+collect) that is one every 5 s."""
 _DRAW_SHARE_ENGINES = 0.2
 """The same while the replicas run on engines (other processes): drawing here takes nothing
 from their GIL, only a share of a core."""
+_TRAINING_TAB = 2  # the view that changes while training runs: the one the widget opens on
 
 
-def draw_dashboard(fig: Any, data: dict) -> None:
-    """Draw every view into one figure (what `save` writes and `nbdist demo` shows)."""
+def draw_dashboard(fig: Any, data: DashboardData) -> None:
+    """Draw every view into one figure (what `save` writes, `freeze` leaves in the output and
+    `nbdist demo` shows), the summary line on top."""
+    fig.text(0.5, 0.995, summary_text(data), ha="center", va="top", fontsize=9,
+             color="#e63946" if "diverge" in summary_text(data) else "black")  # fmt: skip
     top, middle, bottom = fig.subfigures(3, 1, height_ratios=[1, 3, 1.6])
     ax = top.subplots()
     ax.axis("off")
     rows = [
-        [str(e["replica"]), e["state"], str(e["host"]), str(e["pid"]), str(e["device"])]
-        for e in data["engines"]
+        [str(e.replica), e.state, str(e.host), str(e.pid), str(e.device)] for e in data.engines
     ] or [["–", "no engines", "", "", ""]]
-    held = {r: sum(i["bytes"] for i in items) for r, items in data["holdings"].items()}
+    held = {r: sum(i["bytes"] for i in items) for r, items in data.holdings.items()}
     for row in rows:
         row.append(str(held.get(int(row[0]) if row[0].isdigit() else -1, "")))
     table = ax.table(
@@ -63,7 +73,7 @@ def draw_dashboard(fig: Any, data: dict) -> None:
     for (r, c), cell in table.get_celld().items():
         if r > 0 and c == 1 and rows[r - 1][1] == "dead":
             cell.set_facecolor("#e63946")
-    top.suptitle("Engines and placement", fontsize=10)
+    top.suptitle("Engines and placement", fontsize=10, y=0.93)
     middle.suptitle("Reductions", fontsize=10)
     draw_reductions(middle, data)
     bottom.suptitle("Training", fontsize=10)
@@ -94,14 +104,21 @@ class Dashboard(ipywidgets.VBox):
         self.tabs = ipywidgets.Tab(children=[v.widget for v in self.views])
         for i, view in enumerate(self.views):
             self.tabs.set_title(i, view.title)
+        self.tabs.selected_index = _TRAINING_TAB
         self.header = ipywidgets.HTML()
-        super().__init__(children=[self.header, self.tabs])
+        self.summary = ipywidgets.HTML()
+        """The live summary line above the tabs (step, loss, steps/s, last all-reduce)."""
+        self.summary.add_class("nd-summary")
+        super().__init__(children=[self.header, self.summary, self.tabs])
         self.add_class("nd-dashboard")
-        self.data: dict = {}
+        self.data = DashboardData()
+        self.frozen = False
+        """True once `freeze()` left the last state as a picture (nothing refreshes then)."""
         self.interval = interval
         self.refreshes = 0
         self.last_draw_s = 0.0
         self.last_refresh_s = 0.0
+        self.last_refresh_cpu_s = 0.0
         self.busy_s = 0.0
         """Seconds spent refreshing (collect + draw) since the dashboard opened."""
         self.busy_cpu_s = 0.0
@@ -110,6 +127,7 @@ class Dashboard(ipywidgets.VBox):
         self.history: collections.deque[tuple] = collections.deque(maxlen=1000)
         """Per refresh: (monotonic time, collectives shown, metrics shown, from the thread)."""
         self._shell = None
+        self._display: Any = None
         self.refresh()
         try:
             from IPython import get_ipython
@@ -123,42 +141,56 @@ class Dashboard(ipywidgets.VBox):
             self._thread = threading.Thread(target=self._loop, name="nbdist-dashboard", daemon=True)
             self._thread.start()
 
-    def refresh(self, *, in_thread: bool = False) -> dict:
+    def refresh(self, *, in_thread: bool = False) -> DashboardData:
         """Collect the numbers now and redraw what changed; returns the data shown."""
         with self._lock:
+            if self.frozen:
+                return self.data
             collecting, cpu = time.perf_counter(), time.thread_time()
             data = self.source.collect(in_thread=in_thread)
             started = time.perf_counter()
             with self.hold_sync():
                 changed = [view.update(data) for view in self.views]
-                states = [e["state"] for e in data["engines"]]
+                states = [e.state for e in data.engines]
                 self.header.value = (
                     f"<b>nbdist dashboard</b> — {len(states)} replica(s): "
                     + ", ".join(f"{s} {states.count(s)}" for s in ("alive", "busy", "dead"))
-                    + f" · {len(data['collectives'])} collectives · refresh #{self.refreshes + 1}"
+                    + f" · {len(data.collectives)} collectives · refresh #{self.refreshes + 1}"
                 )
+                self.summary.value = summary_html(data)
             self.last_draw_s = time.perf_counter() - started
             self.last_refresh_s = time.perf_counter() - collecting
+            self.last_refresh_cpu_s = time.thread_time() - cpu
             self.busy_s += self.last_refresh_s
-            self.busy_cpu_s += time.thread_time() - cpu
+            self.busy_cpu_s += self.last_refresh_cpu_s
             self.refreshes += 1
             self.history.append(
-                (time.monotonic(), len(data["collectives"]), len(data["metrics"]), in_thread)
+                (time.monotonic(), len(data.collectives), len(data.metrics), in_thread)
             )
             self.data = data
             self.changed = changed
             return data
 
     def _pause(self) -> float:
-        """Seconds until the next refresh: at least `interval`, and long enough that refreshing
-        (as slow as the last one was) takes at most `_DRAW_SHARE` of the time."""
+        """Seconds until the next refresh: one every `interval` from start to start, or
+        further apart when refreshing (as costly in CPU time as the last one was) would take
+        more than `_DRAW_SHARE` of a core."""
         share = _DRAW_SHARE if getattr(self.source, "in_process", True) else _DRAW_SHARE_ENGINES
-        return min(max(self.interval, self.last_refresh_s / share), _MAX_INTERVAL_S)
+        period = min(max(self.interval, self.last_refresh_cpu_s / share), _MAX_INTERVAL_S)
+        return max(period - self.last_refresh_s, 0.05)
+
+    def _source_stopped(self) -> bool:
+        """True once the cluster shown has been stopped (`%dist stop`, `cluster.stop()`)."""
+        cluster = getattr(self.source, "cluster", None)
+        return cluster is not None and not cluster.running
 
     def _loop(self) -> None:
         wait = self._pause()  # the first refresh (in __init__) already says what one costs
         while not self._stop.wait(wait):
             try:
+                if self._source_stopped():
+                    self.freeze()
+                    return
                 self.refresh(in_thread=True)
             except Exception as error:  # keep the view alive; say what went wrong
                 self.header.value = f"<b>nbdist dashboard</b>: refresh failed: {error!r}"
@@ -168,12 +200,15 @@ class Dashboard(ipywidgets.VBox):
         """Pull what is new from the engines between cells (on the kernel's thread)."""
         if not self._stop.is_set():
             try:
-                self.refresh()
+                if self._source_stopped():
+                    self.freeze()
+                else:
+                    self.refresh()
             except Exception as error:  # never break the user's next cell
                 self.header.value = f"<b>nbdist dashboard</b>: refresh failed: {error!r}"
 
-    def close(self) -> None:
-        """Stop refreshing and close the widget."""
+    def _quiet(self) -> None:
+        """Stop the refresher thread and the after-cell refresh."""
         self._stop.set()
         shell, self._shell = getattr(self, "_shell", None), None
         if shell is not None:
@@ -181,11 +216,62 @@ class Dashboard(ipywidgets.VBox):
                 shell.events.unregister("post_run_cell", self._after_cell)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=_MAX_INTERVAL_S + 5)
+
+    def show(self) -> Dashboard:
+        """Display the dashboard in the notebook, so that `freeze()` can later put its last
+        picture in the same output (what `%dist dashboard` does)."""
+        from IPython.display import display
+
+        self._display = display(self, display_id=True)
+        return self
+
+    def freeze(self) -> None:
+        """Stop refreshing and leave the last state as one picture (every view, the summary
+        on top) where the widget was: the output keeps the charts after the engines are gone.
+
+        Called by `%dist stop`, and by the dashboard itself once its cluster has stopped.
+        Example:
+            >>> import nbdist as nd
+            >>> board = nd.dashboard(nd.MirroredStrategy(["cpu:0", "cpu:1"]))
+            >>> board.freeze(); board.frozen, len(board.children)
+            (True, 2)
+        """
+        with self._lock:
+            if self.frozen:
+                return
+            self.frozen = True
+        self._quiet()
+        image = self.picture()
+        stopped = time.strftime("%H:%M:%S")
+        self.header.value = (
+            f"<b>nbdist dashboard</b> — stopped at {stopped}; the last state it showed:"
+        )
+        picture = ipywidgets.Image(value=image, format="png")
+        picture.add_class("nd-final")
+        tabs = self.tabs
+        with self.hold_sync():
+            self.children = [self.header, picture]
+        for view in self.views:
+            for child in getattr(view.widget, "children", ()):
+                child.close()
+            view.widget.close()
+        tabs.close()
+        self.summary.close()
+        if self._display is not None:  # a picture saved with the notebook, not widget state
+            self._display.update(
+                {"image/png": image, "text/plain": f"nbdist dashboard, stopped at {stopped}"},
+                raw=True,
+            )
+
+    def close(self) -> None:
+        """Stop refreshing and close the widget (it disappears from the output; `freeze()`
+        leaves its last picture instead)."""
+        self._quiet()
         super().close()
 
     def picture(self) -> bytes:
         """Every view as one PNG."""
-        data = self.data or self.refresh()
+        data = self.data if self.refreshes else self.refresh()
         fig = new_figure(10, 11)
         draw_dashboard(fig, data)
         return png_bytes(fig, compress_level=6)
@@ -210,13 +296,13 @@ class Dashboard(ipywidgets.VBox):
     def export_trace(self, path: str | os.PathLike) -> Path:
         """Write the timeline (collectives and steps per replica) in the Chrome/Perfetto trace
         format; open it at ui.perfetto.dev or chrome://tracing."""
-        data = self.data or self.refresh()
-        chrome_trace(data["collectives"], data["steps"], path)
+        data = self.data if self.refreshes else self.refresh()
+        chrome_trace(data.collectives, data.steps, path)
         return Path(path)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, dict) and self.data:
+        if isinstance(bundle, dict) and self.refreshes:
             bundle["image/png"] = self.picture()  # the picture stays when widget state is gone
             bundle["text/plain"] = "nbdist dashboard"
         return bundle
@@ -232,7 +318,7 @@ def dashboard(target: Any = None) -> Dashboard:
     Example:
         >>> import nbdist as nd
         >>> board = nd.dashboard(nd.MirroredStrategy(["cpu:0", "cpu:1"]))
-        >>> [e["replica"] for e in board.data["engines"]]
+        >>> [e.replica for e in board.data.engines]
         [0, 1]
         >>> board.close()
     """

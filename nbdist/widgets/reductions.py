@@ -1,5 +1,6 @@
 """The reductions view: a timeline of collectives per replica, who waited for whom (the
-straggler by name), bandwidth against message size, compute vs communication per step, every
+straggler by name), time against message size (a bandwidth only for messages of at least
+`BANDWIDTH_MIN_BYTES`; smaller ones are latency-bound), compute vs communication per step, every
 record counted per op, and a collective stuck for more than `STUCK_S` seconds shown in red with
 the replicas that have arrived and those that have not.
 
@@ -25,10 +26,20 @@ from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.patches import Patch
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
+from nbdist.telemetry import CollectiveRecord
 from nbdist.timeline import STUCK_S, blame, step_split, straggler, stuck
 from nbdist.widgets._canvas import new_figure
+from nbdist.widgets._data import DashboardData
 
-__all__ = ["STUCK_S", "ReductionsPanels", "ReductionsView", "draw_reductions", "op_totals"]
+__all__ = [
+    "BANDWIDTH_MIN_BYTES", "STUCK_S", "ReductionsPanels", "ReductionsView", "draw_reductions",
+    "link_text", "op_totals",
+]  # fmt: skip
+
+BANDWIDTH_MIN_BYTES = 64 * 1024
+"""Messages smaller than this are latency-bound: their time is the link's latency and the
+collective's fixed cost, not bytes over a bandwidth, so no bandwidth is computed from them
+(4-byte all-reduces gave "0.006 MB/s", which read as a broken link)."""
 
 _TIMELINE = 200  # newest collectives drawn on the timeline
 _WINDOW = 500  # collectives the blame is computed over
@@ -100,6 +111,29 @@ def _boxes(left: Any, right: Any, bottom: Any, top: Any) -> np.ndarray:
     return verts
 
 
+def link_text(records: list[CollectiveRecord]) -> str:
+    """What the link did, as one line: the peak bandwidth over messages of at least
+    `BANDWIDTH_MIN_BYTES`, and the median time of smaller ones (latency-bound).
+
+    Example:
+        >>> small = CollectiveRecord("all_reduce:SUM", 4, "gloo", (0, 1), 0.0, 4e-4, (0, 0))
+        >>> link_text([small])
+        'latency-bound (messages under 64 KiB): median 0.40 ms'
+        >>> big = small._replace(nbytes=1 << 20, duration=0.01)
+        >>> for part in link_text([small, big]).split(" · "): print(part)
+        bandwidth (messages of 64 KiB or more): peak 105 MB/s
+        latency-bound (under 64 KiB): median 0.40 ms
+    """
+    rates = [r.nbytes / r.duration for r in records
+             if r.nbytes >= BANDWIDTH_MIN_BYTES and r.duration > 0]  # fmt: skip
+    small = [r.duration for r in records if r.nbytes < BANDWIDTH_MIN_BYTES]
+    latency = f"median {float(np.median(small)) * 1e3:.2f} ms" if small else ""
+    if not rates:
+        return f"latency-bound (messages under 64 KiB): {latency}" if small else ""
+    text = f"bandwidth (messages of 64 KiB or more): peak {_rate(max(rates) / 1e6)} MB/s"
+    return text + (f" · latency-bound (under 64 KiB): {latency}" if small else "")
+
+
 def op_totals(records: list[tuple], aggregates: dict | None = None) -> dict[str, dict]:
     """Per op: `count`, `nbytes` and `seconds` over the kept records plus those folded into
     `aggregates` (`folded` says how many of `count` were folded): every record accounted for.
@@ -138,7 +172,7 @@ class ReductionsPanels:
     Example:
         >>> from nbdist.widgets._canvas import new_figure
         >>> panels = ReductionsPanels(new_figure(9, 5.5))
-        >>> panels.show({"collectives": [], "steps": []})
+        >>> panels.show(DashboardData())
     """
 
     def __init__(self, fig: Any):
@@ -164,10 +198,11 @@ class ReductionsPanels:
             axis.set_minor_formatter(_MinorSI())
         for axis in (self.timeline.xaxis, self.waits.yaxis, self.steps.xaxis, self.steps.yaxis):
             axis.set_major_locator(MaxNLocator(nbins=5))
-        self.bandwidth.set_xlabel("message bytes")
-        self.bandwidth.set_ylabel("MB/s")
-        # the link's peak as measured: the best effective bandwidth of any collective seen
-        (self.peak,) = self.bandwidth.plot([1e-9, 1e18], [1.0, 1.0], ls="--", lw=0.8,
+        self.bandwidth.set_xlabel("message bytes (dotted: 64 KiB)")
+        self.bandwidth.set_ylabel("ms")
+        self.bandwidth.axvline(BANDWIDTH_MIN_BYTES, ls=":", lw=0.8, color="#6c757d")
+        # the link's peak as measured over messages >= 64 KiB: time = bytes / peak bandwidth
+        (self.peak,) = self.bandwidth.plot([1.0, 2.0], [1.0, 2.0], ls="--", lw=0.8,
                                            color="#6c757d", visible=False)  # fmt: skip
         self.scatters: dict[str, Any] = {}
         self.compute = self.steps.add_collection(PolyCollection([], facecolors=_COMPUTE))
@@ -228,23 +263,24 @@ class ReductionsPanels:
         self._limits[name] = (low, high)
         return low, high
 
-    def show(self, data: dict) -> None:
+    def show(self, data: DashboardData) -> None:
         """Put `data`'s numbers into the panels (draws nothing by itself)."""
-        records = data["collectives"]
-        before = records[-_TIMELINE - 1][4] if len(records) > _TIMELINE else float("-inf")
-        self._timeline(records[-_TIMELINE:], data.get("marks", {}), before)
+        records = data.collectives
+        before = records[-_TIMELINE - 1].start if len(records) > _TIMELINE else float("-inf")
+        self._timeline(records[-_TIMELINE:], data.marks, before)
         self._blame(records)
         self._bandwidth(records[-_SCATTER:])
-        self._steps(step_split(data["steps"][-_TIMELINE:], records[-4 * _TIMELINE :]))
+        self._steps(step_split(data.steps[-_TIMELINE:], records[-4 * _TIMELINE :]))
 
     def _timeline(
-        self, recent: list[tuple], marks: dict[int, list] | None = None, before: float = 0.0
+        self, recent: list[CollectiveRecord], marks: dict[int, list] | None = None,
+        before: float = 0.0,
     ) -> None:
         # A cell starts before its first collective: marks after the last collective left
         # out of the window (`before`) belong to it, and the window begins at the earliest.
         shown = [(replica, at) for replica, found in (marks or {}).items()
                  for at, _ in found if at > before]  # fmt: skip
-        t0 = recent[0][4] if recent else 0.0
+        t0 = recent[0].start if recent else 0.0
         if recent and shown:
             t0 = min(t0, min(at for _, at in shown))
         rows, arrival, wait, work = [], [], [], []
@@ -292,13 +328,21 @@ class ReductionsPanels:
             f"straggler: replica {late}" if late is not None else "no straggler", fontsize=9
         )
 
-    def _bandwidth(self, chosen: list[tuple]) -> None:
+    def _bandwidth(self, chosen: list[CollectiveRecord]) -> None:
+        """Time by message size, per op; a bandwidth only over messages of at least
+        `BANDWIDTH_MIN_BYTES` (the dashed line: their peak), smaller ones latency-bound."""
         by_op: dict[str, tuple[list, list]] = {}
-        for op, nbytes, _, _, _, duration, _ in chosen:
-            if duration > 0 and nbytes > 0:
-                xs, ys = by_op.setdefault(op, ([], []))
-                xs.append(nbytes)
-                ys.append(nbytes / duration / 1e6)
+        peak = 0.0
+        small: list[float] = []
+        for r in chosen:
+            if r.duration > 0 and r.nbytes > 0:
+                xs, ys = by_op.setdefault(r.op, ([], []))
+                xs.append(r.nbytes)
+                ys.append(r.duration * 1e3)
+                if r.nbytes >= BANDWIDTH_MIN_BYTES:
+                    peak = max(peak, r.nbytes / r.duration)
+                else:
+                    small.append(r.duration)
         ax = self.bandwidth
         if set(by_op) != set(self.scatters):
             for artist in self.scatters.values():
@@ -314,19 +358,25 @@ class ReductionsPanels:
             self.scatters[op].set_offsets(points)
             lows.append(points.min(axis=0))
             highs.append(points.max(axis=0))
-        if lows:
-            low, high = np.min(lows, axis=0), np.max(highs, axis=0)
-            ax.set_xlim(*self._steady("bandwidth.x", *_decades(low[0] / 1.5, high[0] * 1.5)))
-            ax.set_ylim(*self._steady("bandwidth.y", *_decades(low[1] / 1.5, high[1] * 1.5)))
-            self.peak.set_ydata([high[1], high[1]])
-            self.peak.set_visible(True)
-            ax.set_title(f"bandwidth by size (dashed: peak measured, {_rate(high[1])} MB/s)",
-                         fontsize=9)  # fmt: skip
-        else:
+        if not lows:
             ax.set_xlim(1.0, 1e6)
-            ax.set_ylim(1.0, 1e3)
+            ax.set_ylim(1e-2, 1e2)
             self.peak.set_visible(False)
-            ax.set_title("bandwidth by size", fontsize=9)
+            ax.set_title("time by message size", fontsize=9)
+            return
+        low, high = np.min(lows, axis=0), np.max(highs, axis=0)
+        right = max(high[0] * 1.5, BANDWIDTH_MIN_BYTES * 1.5)  # the 64 KiB line in view
+        ax.set_xlim(*self._steady("bandwidth.x", *_decades(low[0] / 1.5, right)))
+        ax.set_ylim(*self._steady("bandwidth.y", *_decades(low[1] / 1.5, high[1] * 1.5)))
+        parts = []
+        if peak > 0:
+            xs = np.array([BANDWIDTH_MIN_BYTES, ax.get_xlim()[1]], float)
+            self.peak.set_data(xs, xs / peak * 1e3)
+            parts.append(f"peak {_rate(peak / 1e6)} MB/s (≥ 64 KiB)")
+        self.peak.set_visible(peak > 0)
+        if small:
+            parts.append(f"latency-bound: median {float(np.median(small)) * 1e3:.2f} ms")
+        ax.set_title(" · ".join(parts), fontsize=9)
 
     def _steps(self, split: list[tuple]) -> None:
         if not split:
@@ -351,16 +401,16 @@ class ReductionsPanels:
         self.steps.set_ylim(*self._steady("steps.y", 0.0, _nice(top * 1.15)))
 
 
-def draw_reductions(fig: Any, data: dict) -> None:
+def draw_reductions(fig: Any, data: DashboardData) -> None:
     """Draw the four reduction panels into `fig` (a Figure or SubFigure)."""
     ReductionsPanels(fig).show(data)
 
 
-def stuck_html(data: dict, now: float | None = None) -> str:
+def stuck_html(data: DashboardData, now: float | None = None) -> str:
     """A red note per collective waiting longer than `STUCK_S` (empty when none is)."""
     now = time.time() if now is None else now
     notes = []
-    for s in stuck(data.get("pending", ()), now):
+    for s in stuck(data.pending, now):
         since = time.strftime("%H:%M:%S", time.localtime(s["since"]))
         arrived = ", ".join(str(r) for r in s["arrived"]) or "none"
         missing = ", ".join(str(r) for r in s["missing"]) or "none"
@@ -402,13 +452,15 @@ class ReductionsView:
         self.count = 0
         self.totals: dict[str, dict] = {}
         self.stuck = ""
+        self.link = ""
+        """`link_text` of the newest collectives (bandwidth, or latency-bound)."""
         self._summary = ""
         self._panels: ReductionsPanels | None = None
 
-    def update(self, data: dict) -> bool:
-        records = data["collectives"]
+    def update(self, data: DashboardData) -> bool:
+        records = data.collectives
         stuck_note = stuck_html(data)
-        key = (len(records), records[-1][4] if records else None, len(data["steps"]))
+        key = (len(records), records[-1].start if records else None, len(data.steps))
         if key == self.key:
             if stuck_note != self.stuck:
                 self.stuck = stuck_note
@@ -416,8 +468,9 @@ class ReductionsView:
             return False
         self.key = key
         self.count = len(records)
-        self.totals = op_totals(records, data.get("aggregates"))
+        self.totals = op_totals(records, data.aggregates)
         self.straggler = straggler(records, _WINDOW)
+        self.link = link_text(records[-_SCATTER:])
         if self._panels is None:
             self._panels = ReductionsPanels(new_figure(9, 5.5))
         self._panels.show(data)
@@ -428,6 +481,7 @@ class ReductionsView:
             f"<span class='nd-count'>{self.count}</span> collectives"
             + (f" (+{folded} older, folded into the totals)" if folded else "")
             + f" · straggler: {late}"
+            + (f"<div class='nd-link'>{html.escape(self.link)}</div>" if self.link else "")
             + _totals_html(self.totals)
         )
         self.stuck = stuck_note
@@ -449,6 +503,8 @@ class ReductionsView:
             + (f" (+{folded} older, folded into the totals)" if folded else "")
             + f" · straggler: {late}"
         ]
+        if self.link:
+            lines.append(self.link)
         for op, t in sorted(self.totals.items()):
             mean_ms = t["seconds"] / t["count"] * 1e3 if t["count"] else 0.0
             lines.append(

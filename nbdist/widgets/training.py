@@ -12,44 +12,51 @@ from typing import Any
 
 import ipywidgets
 
+from nbdist.metrics import MetricRecord
 from nbdist.widgets._canvas import new_figure, png_bytes
+from nbdist.widgets._data import DashboardData
 
 __all__ = ["TrainingView", "curves", "draw_training"]
 
 
-def curves(metrics: list[tuple]) -> dict[str, dict[int, tuple[list, list]]]:
+def curves(metrics: list[MetricRecord]) -> dict[str, dict[int, tuple[list, list]]]:
     """`{name: {replica: (steps, values)}}` from metric records."""
     out: dict[str, dict[int, tuple[list, list]]] = {}
-    for replica, step, name, value, _ in metrics:
-        xs, ys = out.setdefault(name, {}).setdefault(replica, ([], []))
-        xs.append(step)
-        ys.append(value)
+    for m in metrics:
+        xs, ys = out.setdefault(m.name, {}).setdefault(m.replica, ([], []))
+        xs.append(m.step)
+        ys.append(m.value)
     return out
 
 
-def diverged(data: dict) -> bool:
+def diverged(data: DashboardData) -> bool:
     """True when the newest replica check found the replicas' parameters different.
 
     Example:
-        >>> diverged({"replica_check": (1.0, False, "differ")}), diverged({})
-        (True, False)
+        >>> from nbdist.telemetry import ReplicaCheck
+        >>> diverged(DashboardData(replica_check=ReplicaCheck(1.0, False, "differ")))
+        True
+        >>> diverged(DashboardData())
+        False
     """
-    check = data.get("replica_check")
-    return bool(check) and not check[1]
+    check = data.replica_check
+    return check is not None and not check.identical
 
 
-def steps_per_second(metrics: list[tuple]) -> float:
-    """Logged steps per second of wall time over the records kept (0 with fewer than 2)."""
+def steps_per_second(metrics: list[MetricRecord], window: int = 2_000) -> float:
+    """Logged steps per second of wall time over the newest `window` records (0 with fewer
+    than 2)."""
+    metrics = metrics[-window:]
     if len(metrics) < 2:
         return 0.0
-    steps = {m[1] for m in metrics}
-    span = metrics[-1][4] - metrics[0][4]
+    steps = {m.step for m in metrics}
+    span = metrics[-1].wall - metrics[0].wall
     return (len(steps) - 1) / span if span > 0 else 0.0
 
 
-def draw_training(fig: Any, data: dict) -> None:
+def draw_training(fig: Any, data: DashboardData) -> None:
     """Draw one panel per metric into `fig`."""
-    by_name = curves(data["metrics"])
+    by_name = curves(data.metrics)
     flag = "  ⚠ replicas diverge" if diverged(data) else ""
     if flag:
         fig.text(0.03, 0.98, "⚠ replicas diverge: their parameters differ (ReplicasDivergedError)",
@@ -72,7 +79,7 @@ def draw_training(fig: Any, data: dict) -> None:
         ax.set_title(f"{name}{flag}", fontsize=9, color="#e63946" if flag else "black")
         ax.set_xlabel("step")
         ax.legend(fontsize=7, loc="upper right")
-    fig.text(0.97, 0.98, f"{steps_per_second(data['metrics']):.1f} steps/s", ha="right",
+    fig.text(0.97, 0.98, f"{steps_per_second(data.metrics):.1f} steps/s", ha="right",
              va="top", fontsize=9)  # fmt: skip
 
 
@@ -86,9 +93,9 @@ class TrainingView:
         self.key: Any = None
         self.curves: dict[str, dict[int, tuple[list, list]]] = {}
 
-    def update(self, data: dict) -> bool:
-        metrics = data["metrics"]
-        key = (len(metrics), metrics[-1][4] if metrics else None, data.get("replica_check"))
+    def update(self, data: DashboardData) -> bool:
+        metrics = data.metrics
+        key = (len(metrics), metrics[-1].wall if metrics else None, data.replica_check)
         if key == self.key:
             return False
         self.key = key
