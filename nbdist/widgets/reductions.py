@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import html
-import io
 import operator
 import re
 import time
@@ -21,14 +20,13 @@ from typing import Any
 
 import ipywidgets
 import numpy as np
-import PIL.Image
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.patches import Patch
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
 from nbdist.telemetry import CollectiveRecord
 from nbdist.timeline import STUCK_S, blame, step_split, straggler, stuck
-from nbdist.widgets._canvas import new_figure
+from nbdist.widgets._canvas import Blitter, new_figure, nice
 from nbdist.widgets._data import DashboardData
 
 __all__ = [
@@ -80,19 +78,6 @@ class _MinorSI(Formatter):
             return ""
         mantissa = value / 10 ** np.floor(np.log10(value) + 1e-9)
         return _si(value) if round(mantissa) in (2, 5) else ""
-
-
-_ROUND = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
-
-
-def _nice(value: float) -> float:
-    """The smallest round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten)
-    at least `value` (1 for nothing): limits that stay put while the data grows a little, so
-    the frame is drawn once (Note [Fast redraw])."""
-    if not value > 0:
-        return 1.0
-    power = 10.0 ** np.floor(np.log10(value))
-    return next(m * power for m in _ROUND if m * power >= value * (1 - 1e-9))
 
 
 def _decades(low: float, high: float) -> tuple[float, float]:
@@ -170,7 +155,7 @@ class ReductionsPanels:
     `show(data)` (see Note [Fast redraw]).
 
     Example:
-        >>> from nbdist.widgets._canvas import new_figure
+        >>> from nbdist.widgets._canvas import Blitter, new_figure, nice
         >>> panels = ReductionsPanels(new_figure(9, 5.5))
         >>> panels.show(DashboardData())
     """
@@ -216,14 +201,12 @@ class ReductionsPanels:
         )  # fmt: skip
         self._replicas: list[int] = []
         self._bar_names: list[str] = []
-        self._frame: Any = None
-        self._limits: dict[str, tuple[float, float]] = {}
-        self._background: Any = None
+        self._blit = Blitter(fig)
+        self._steady = self._blit.steady
 
     def png(self) -> bytes:
         """The figure as PNG, drawing only the data when the frame (axes, ticks, labels,
         legends) is the one drawn last time (Note [Fast redraw])."""
-        canvas = self.fig.canvas
         dynamic = [self.waiting, self.working, self.cells, self.bars, self.compute, self.comm,
                    self.peak,
                    self.timeline.title, self.waits.title, self.bandwidth.title,
@@ -231,37 +214,9 @@ class ReductionsPanels:
         frame = (
             [ax.get_xlim() + ax.get_ylim() for ax in (self.timeline, self.waits, self.bandwidth,
                                                        self.steps)],
-            self._replicas, self._bar_names, sorted(self.scatters), canvas.get_width_height(),
+            self._replicas, self._bar_names, sorted(self.scatters),
         )  # fmt: skip
-        if frame != self._frame:
-            for artist in dynamic:
-                artist.set_animated(True)  # left out of canvas.draw(), drawn below
-            canvas.draw()
-            self._background = canvas.copy_from_bbox(self.fig.bbox)
-            self._frame = frame
-        else:
-            canvas.restore_region(self._background)
-        for artist in dynamic:
-            self.fig.draw_artist(artist)
-        width, height = canvas.get_width_height()
-        image = PIL.Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw",
-                                     "RGBA", 0, 1)  # fmt: skip
-        buffer = io.BytesIO()
-        image.save(buffer, format="png", compress_level=1)
-        return buffer.getvalue()
-
-    def _steady(self, name: str, low: float, high: float) -> tuple[float, float]:
-        """Limits `(low, high)`, or the last ones of `name` while the data still fits them
-        and fills more than a fifth of their span (of their decades on a log axis), so that
-        the frame stays put when the data wobbles (Note [Fast redraw])."""
-        last = self._limits.get(name)
-        if last is not None and last[0] <= low and high <= last[1]:
-            log = low > 0 and last[0] > 0
-            span = (lambda a, b: np.log10(b / a)) if log else (lambda a, b: b - a)
-            if span(low, high) > 0.2 * span(*last):
-                return last
-        self._limits[name] = (low, high)
-        return low, high
+        return self._blit.png(frame, dynamic)
 
     def show(self, data: DashboardData) -> None:
         """Put `data`'s numbers into the panels (draws nothing by itself)."""
@@ -303,7 +258,7 @@ class ReductionsPanels:
         ax = self.timeline
         ax.set_ylim(min(replicas, default=0) - 0.6, max(replicas, default=1) + 0.6)
         end = float((x + wait_a + work_a).max()) if len(x) else 1.0
-        ax.set_xlim(*self._steady("timeline.x", 0.0, _nice(end * 1.02)))
+        ax.set_xlim(*self._steady("timeline.x", 0.0, nice(end * 1.02)))
         self.cells.set_segments([  # cell starts inside the window, on their replica's row
             [(at - t0, replica - 0.5), (at - t0, replica + 0.5)]
             for replica, at in shown if replica in replicas and at - t0 <= end
@@ -323,7 +278,7 @@ class ReductionsPanels:
             self.waits.set_xticks(positions, names)
         self.waits.set_xlim(-0.6, max(len(names), 1) - 0.4)
         top = float(heights.max()) if len(heights) else 0.0
-        self.waits.set_ylim(*self._steady("waits.y", 0.0, _nice(top * 1.1)))
+        self.waits.set_ylim(*self._steady("waits.y", 0.0, nice(top * 1.1)))
         self.waits.set_title(
             f"straggler: replica {late}" if late is not None else "no straggler", fontsize=9
         )
@@ -396,9 +351,9 @@ class ReductionsPanels:
 
         self.compute.set_verts([band(np.zeros_like(compute), compute)])
         self.comm.set_verts([band(compute, compute + comm)])
-        self.steps.set_xlim(*self._steady("steps.x", 0.0, _nice(max(len(split) - 1, 1))))
+        self.steps.set_xlim(*self._steady("steps.x", 0.0, nice(max(len(split) - 1, 1))))
         top = float((compute + comm).max())
-        self.steps.set_ylim(*self._steady("steps.y", 0.0, _nice(top * 1.15)))
+        self.steps.set_ylim(*self._steady("steps.y", 0.0, nice(top * 1.15)))
 
 
 def draw_reductions(fig: Any, data: DashboardData) -> None:
