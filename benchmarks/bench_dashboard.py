@@ -272,9 +272,9 @@ def live_under_load(seconds: float, load: int) -> dict:
         board = nd.dashboard()
         try:
             load_avg = os.getloadavg()
-            started = time.monotonic()
+            started, cpu = time.monotonic(), time.process_time()
             shell.run_cell_magic("distribute", "", LIVE_CELL.format(seconds=seconds))
-            ended = time.monotonic()
+            ended, cpu = time.monotonic(), time.process_time() - cpu
             during = [h for h in board.history if started <= h[0] <= ended and h[3]]
             times = [h[0] for h in during]
             periods = [b - a for a, b in itertools.pairwise(times)]
@@ -282,12 +282,20 @@ def live_under_load(seconds: float, load: int) -> dict:
             new = [b[0] - a[0] for a, b in itertools.pairwise(shown) if b[1] != a[1]]
             first_chart = next((h[0] - started for h in during if h[1] > 0), None)
             first_curve = next((h[0] - started for h in during if h[2] > 0), None)
+            # the first collective's start (wall clock, from the records) on the same clock
+            to_monotonic = time.monotonic() - time.time()
+            first_op = board.data.collectives[0].start + to_monotonic
+            after_op = next((h[0] - first_op for h in during if h[1] > 0), None)
             return {
                 "seconds": ended - started, "load": load, "loadavg_1min": load_avg[0],
                 "refreshes": len(during), "period_s": _spread(periods),
+                "kernel_cpu_share": cpu / (ended - started),
                 "new_collectives_period_s": _spread(new),
                 "first_chart_s": first_chart, "first_curve_s": first_curve,
-                "refresh_cpu_s": board.last_refresh_cpu_s,
+                "first_chart_after_first_collective_s": after_op,
+                "first_collective_after_cell_began_s": first_op - started,
+                "refresh_wall_s": _spread([h[4] for h in during]),
+                "refresh_cpu_s": _spread([h[5] for h in during]),
             }  # fmt: skip
         finally:
             board.close()
@@ -302,13 +310,20 @@ def _print_live(live: dict) -> None:
     p, n = live["period_s"], live["new_collectives_period_s"]
     print(f"live, {live['load']} busy loops beside 2 engines on {os.cpu_count()} cores "
           f"(1-min load {live['loadavg_1min']:.1f}), {live['seconds']:.1f} s cell, "
-          f"{live['refreshes']} refreshes")  # fmt: skip
+          f"{live['refreshes']} refreshes; the kernel process used "
+          f"{live['kernel_cpu_share'] * 100:.0f} % of a core")  # fmt: skip
     print(f"{'measure':46} {'median':>8} {'p90':>8} {'max':>8} {'target':>10}")
     for name, d, target in (("refresh period (s)", p, "~1 s"),
-                            ("period between new-collective charts (s)", n, "~1 s")):  # fmt: skip
+                            ("period between new-collective charts (s)", n, "~1 s"),
+                            ("one refresh, wall time (s)", live["refresh_wall_s"], ""),
+                            ("one refresh, CPU time (s)", live["refresh_cpu_s"], "")):  # fmt: skip
         if d["count"]:
             print(f"{name:46} {d['median']:8.2f} {d['p90']:8.2f} {d['max']:8.2f} {target:>10}")
-    for name, key in (("first chart after the cell began (s)", "first_chart_s"),
+    for name, key in (("first collective after the cell began (s)",
+                       "first_collective_after_cell_began_s"),
+                      ("first chart after the first collective (s)",
+                       "first_chart_after_first_collective_s"),
+                      ("first chart after the cell began (s)", "first_chart_s"),
                       ("first loss curve after the cell began (s)", "first_curve_s")):  # fmt: skip
         value = live[key]
         print(f"{name:46} {value if value is not None else float('nan'):8.2f} {'< 2 s':>28}")

@@ -13,7 +13,7 @@ import PIL.Image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["Blitter", "new_figure", "nice", "png_bytes"]
+__all__ = ["Blitter", "coarse", "new_figure", "nice", "png_bytes"]
 
 _ROUND = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 
@@ -47,6 +47,22 @@ def nice(value: float) -> float:
         return 1.0
     power = 10.0 ** np.floor(np.log10(value))
     return float(next(m * power for m in _ROUND if m * power >= value * (1 - 1e-9)))
+
+
+def coarse(value: float) -> float:
+    """The smallest of 1, 2 or 5 times a power of ten at least 1.25 times `value`: limits for
+    a count that keeps growing (steps), changed (and the frame drawn anew) only every 2 to 2.5
+    times growth.
+
+    Example:
+        >>> coarse(0.0), coarse(7.0), coarse(90.0)
+        (1.0, 10.0, 200.0)
+    """
+    if not value > 0:
+        return 1.0
+    target = value * 1.25
+    power = 10.0 ** np.floor(np.log10(target))
+    return float(next(m * power for m in (1.0, 2.0, 5.0, 10.0) if m * power >= target * (1 - 1e-9)))
 
 
 class Blitter:

@@ -162,6 +162,10 @@ class LocalSource:
         self.note = note
         self.namespace: dict | None = None  # None: the IPython user namespace
 
+    def version(self) -> Any:
+        """Changes whenever something new was recorded (cheap: the refresher asks often)."""
+        return self.strategy.extended.telemetry.version, metric_log().version
+
     def collect(self, in_thread: bool = False) -> DashboardData:
         snap = self.strategy.extended.telemetry.snapshot()
         devices = [str(d) for d in self.strategy.extended.worker_devices]
@@ -227,6 +231,14 @@ class ClusterSource:
         snap["memory"] = feed["memory"]
         snap["time"] = feed["time"]
         self._seen[rank] = feed["time"]
+
+    def version(self) -> Any:
+        """Changes whenever an engine sent new records or a request started or ended (cheap:
+        the refresher asks often; safe from any thread)."""
+        from nbdist.cluster.feed import live_updates
+
+        times = tuple(sorted((f["rank"], f["time"]) for f in live_updates(self.cluster)))
+        return times, sum(len(r) for r in list(self.cluster._inflight.values()))
 
     def _status(self, in_thread: bool) -> list[Any]:
         from nbdist.cluster.processes import pid_alive

@@ -39,6 +39,11 @@ __all__ = ["Dashboard", "dashboard", "draw_dashboard"]
 
 _INTERVAL_S = 1.0
 _MAX_INTERVAL_S = 10.0
+_LOOK_S = 0.1
+"""How often the refresher asks its source whether anything is new (cheap): new records are
+drawn as soon as they arrive, once `_period()` has passed since the last refresh began."""
+_IDLE_S = 2.0
+"""With nothing new, a refresh still runs this often (engine states, "last heard")."""
 _DRAW_SHARE = 0.02
 """At most this share of a core goes to refreshing (collect + draw, CPU time) while the
 replicas run in this process (an in-process strategy): training shares its CPU and GIL with
@@ -125,7 +130,8 @@ class Dashboard(ipywidgets.VBox):
         """CPU seconds of the threads that refreshed, over the same refreshes."""
         self._lock = threading.Lock()
         self.history: collections.deque[tuple] = collections.deque(maxlen=1000)
-        """Per refresh: (monotonic time, collectives shown, metrics shown, from the thread)."""
+        """Per refresh: (monotonic time, collectives shown, metrics shown, from the thread,
+        wall seconds it took, CPU seconds it took)."""
         self._shell = None
         self._display: Any = None
         self.refresh()
@@ -165,19 +171,20 @@ class Dashboard(ipywidgets.VBox):
             self.busy_cpu_s += self.last_refresh_cpu_s
             self.refreshes += 1
             self.history.append(
-                (time.monotonic(), len(data.collectives), len(data.metrics), in_thread)
-            )
+                (time.monotonic(), len(data.collectives), len(data.metrics), in_thread,
+                 self.last_refresh_s, self.last_refresh_cpu_s)
+            )  # fmt: skip
             self.data = data
             self.changed = changed
             return data
 
-    def _pause(self) -> float:
-        """Seconds until the next refresh: one every `interval` from start to start, or
-        further apart when refreshing (as costly in CPU time as the last one was) would take
-        more than `_DRAW_SHARE` of a core."""
+    def _period(self) -> float:
+        """Seconds from one refresh's start to the next: `interval`, or longer when
+        refreshing (as costly in CPU time as the last one was) would take more than
+        `_DRAW_SHARE` of a core. CPU time, not wall time: on a loaded machine a refresh waits
+        for a core far longer than it computes, and that waiting costs nobody anything."""
         share = _DRAW_SHARE if getattr(self.source, "in_process", True) else _DRAW_SHARE_ENGINES
-        period = min(max(self.interval, self.last_refresh_cpu_s / share), _MAX_INTERVAL_S)
-        return max(period - self.last_refresh_s, 0.05)
+        return min(max(self.interval, self.last_refresh_cpu_s / share), _MAX_INTERVAL_S)
 
     def _source_stopped(self) -> bool:
         """True once the cluster shown has been stopped (`%dist stop`, `cluster.stop()`)."""
@@ -185,16 +192,27 @@ class Dashboard(ipywidgets.VBox):
         return cluster is not None and not cluster.running
 
     def _loop(self) -> None:
-        wait = self._pause()  # the first refresh (in __init__) already says what one costs
-        while not self._stop.wait(wait):
+        began = time.monotonic()  # the first refresh (in __init__) says what one costs
+        seen = self._version()
+        while not self._stop.wait(_LOOK_S):
             try:
+                now = time.monotonic()
+                if now - began < self._period():
+                    continue
+                version = self._version()
+                if version == seen and now - began < _IDLE_S:
+                    continue
                 if self._source_stopped():
                     self.freeze()
                     return
+                began, seen = now, version
                 self.refresh(in_thread=True)
             except Exception as error:  # keep the view alive; say what went wrong
                 self.header.value = f"<b>nbdist dashboard</b>: refresh failed: {error!r}"
-            wait = self._pause()
+
+    def _version(self) -> Any:
+        version = getattr(self.source, "version", None)
+        return version() if version is not None else None
 
     def _after_cell(self, result: Any = None) -> None:
         """Pull what is new from the engines between cells (on the kernel's thread)."""

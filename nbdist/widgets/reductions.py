@@ -26,7 +26,7 @@ from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
 from nbdist.telemetry import CollectiveRecord
 from nbdist.timeline import STUCK_S, blame, step_split, straggler, stuck
-from nbdist.widgets._canvas import Blitter, new_figure, nice
+from nbdist.widgets._canvas import Blitter, coarse, new_figure, nice
 from nbdist.widgets._data import DashboardData
 
 __all__ = [
@@ -155,7 +155,7 @@ class ReductionsPanels:
     `show(data)` (see Note [Fast redraw]).
 
     Example:
-        >>> from nbdist.widgets._canvas import Blitter, new_figure, nice
+        >>> from nbdist.widgets._canvas import Blitter, coarse, new_figure, nice
         >>> panels = ReductionsPanels(new_figure(9, 5.5))
         >>> panels.show(DashboardData())
     """
@@ -278,7 +278,7 @@ class ReductionsPanels:
             self.waits.set_xticks(positions, names)
         self.waits.set_xlim(-0.6, max(len(names), 1) - 0.4)
         top = float(heights.max()) if len(heights) else 0.0
-        self.waits.set_ylim(*self._steady("waits.y", 0.0, nice(top * 1.1)))
+        self.waits.set_ylim(0.0, coarse(top))  # grows with the window: redrawn rarely
         self.waits.set_title(
             f"straggler: replica {late}" if late is not None else "no straggler", fontsize=9
         )
@@ -351,7 +351,7 @@ class ReductionsPanels:
 
         self.compute.set_verts([band(np.zeros_like(compute), compute)])
         self.comm.set_verts([band(compute, compute + comm)])
-        self.steps.set_xlim(*self._steady("steps.x", 0.0, nice(max(len(split) - 1, 1))))
+        self.steps.set_xlim(0.0, min(coarse(len(split) - 1), nice(_TIMELINE)))
         top = float((compute + comm).max())
         self.steps.set_ylim(*self._steady("steps.y", 0.0, nice(top * 1.15)))
 

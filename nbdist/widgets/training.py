@@ -14,7 +14,7 @@ import ipywidgets
 import numpy as np
 
 from nbdist.metrics import MetricRecord
-from nbdist.widgets._canvas import Blitter, new_figure, nice
+from nbdist.widgets._canvas import Blitter, coarse, new_figure, nice
 from nbdist.widgets._data import DashboardData
 
 __all__ = ["TrainingPanels", "TrainingView", "curves", "draw_training"]
@@ -64,6 +64,7 @@ class TrainingPanels:
     Example:
         >>> panels = TrainingPanels(new_figure(9, 3.5))
         >>> panels.show(DashboardData())
+        {}
         >>> panels.png()[:4]
         b'\x89PNG'
     """
@@ -128,7 +129,7 @@ class TrainingPanels:
                 ys_all += [min(ys), max(ys)]
             low, high = min(ys_all), max(ys_all)
             grid = nice((high - low) or abs(high) or 1.0) / 5
-            ax.set_xlim(*self._blit.steady(f"{name}.x", 0.0, nice(max(max(xs_all), 1))))
+            ax.set_xlim(0.0, coarse(max(xs_all)))
             ax.set_ylim(*self._blit.steady(
                 f"{name}.y", np.floor(low / grid) * grid, np.ceil(high / grid) * grid + grid / 4
             ))  # fmt: skip

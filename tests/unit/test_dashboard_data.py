@@ -102,12 +102,12 @@ def test_summary_line_shows_step_loss_rate_and_last_all_reduce(board):
 
 def test_pace_counts_cpu_time_not_a_loaded_machines_wall_time(board):
     """A refresh that took 0.9 s of wall time but 0.1 s of CPU (a loaded machine) is followed
-    by the next one 1 s after it started, not 4.5 s (0.9 s / 20 %)."""
+    by the next one 1 s after it began, not 4.5 s (0.9 s / 20 %)."""
     board.source.in_process = False  # as for engines: 20 % of a core
     board.last_refresh_s, board.last_refresh_cpu_s = 0.9, 0.1
-    assert board._pause() == pytest.approx(0.1)
+    assert board._period() == pytest.approx(1.0)
     board.last_refresh_s, board.last_refresh_cpu_s = 0.5, 0.5  # costly: 20 % of a core
-    assert board._pause() == pytest.approx(2.0)
+    assert board._period() == pytest.approx(2.5)
 
 
 def test_large_messages_show_a_bandwidth_small_ones_latency_bound():
