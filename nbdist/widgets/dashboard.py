@@ -56,12 +56,14 @@ from their GIL, only a share of a core."""
 _TRAINING_TAB = 2  # the view that changes while training runs: the one the widget opens on
 
 
-def draw_dashboard(fig: Any, data: DashboardData) -> None:
+def draw_dashboard(fig: Any, data: DashboardData, title: str = "nbdist dashboard") -> None:
     """Draw every view into one figure (what `save` writes, `freeze` leaves in the output and
-    `nbdist demo` shows), the summary line on top."""
-    fig.text(0.5, 0.995, summary_text(data), ha="center", va="top", fontsize=9,
-             color="#e63946" if "diverge" in summary_text(data) else "black")  # fmt: skip
-    top, middle, bottom = fig.subfigures(3, 1, height_ratios=[1, 3, 1.6])
+    `nbdist demo` shows): `title` and the summary line on top."""
+    head, top, middle, bottom = fig.subfigures(4, 1, height_ratios=[0.3, 1, 3, 1.6])
+    line = summary_text(data)
+    head.text(0.5, 0.8, title, ha="center", va="top", fontsize=11, fontweight="bold")
+    head.text(0.5, 0.3, line, ha="center", va="top", fontsize=9,
+              color="#e63946" if "diverge" in line else "black")  # fmt: skip
     ax = top.subplots()
     ax.axis("off")
     rows = [
@@ -78,7 +80,7 @@ def draw_dashboard(fig: Any, data: DashboardData) -> None:
     for (r, c), cell in table.get_celld().items():
         if r > 0 and c == 1 and rows[r - 1][1] == "dead":
             cell.set_facecolor("#e63946")
-    top.suptitle("Engines and placement", fontsize=10, y=0.93)
+    top.suptitle("Engines and placement", fontsize=10)
     middle.suptitle("Reductions", fontsize=10)
     draw_reductions(middle, data)
     bottom.suptitle("Training", fontsize=10)
@@ -111,10 +113,11 @@ class Dashboard(ipywidgets.VBox):
             self.tabs.set_title(i, view.title)
         self.tabs.selected_index = _TRAINING_TAB
         self.header = ipywidgets.HTML()
-        self.summary = ipywidgets.HTML()
-        """The live summary line above the tabs (step, loss, steps/s, last all-reduce)."""
-        self.summary.add_class("nd-summary")
-        super().__init__(children=[self.header, self.summary, self.tabs])
+        self.line = ipywidgets.HTML()
+        """The live summary line above the tabs (step, loss, steps/s, last all-reduce, the
+        replica check); `summary` is the same as plain text."""
+        self.line.add_class("nd-summary")
+        super().__init__(children=[self.header, self.line, self.tabs])
         self.add_class("nd-dashboard")
         self.data = DashboardData()
         self.frozen = False
@@ -129,6 +132,7 @@ class Dashboard(ipywidgets.VBox):
         self.busy_cpu_s = 0.0
         """CPU seconds of the threads that refreshed, over the same refreshes."""
         self._lock = threading.Lock()
+        self._freezing = threading.Lock()  # held for the whole of freeze()
         self.history: collections.deque[tuple] = collections.deque(maxlen=1000)
         """Per refresh: (monotonic time, collectives shown, metrics shown, from the thread,
         wall seconds it took, CPU seconds it took)."""
@@ -163,7 +167,7 @@ class Dashboard(ipywidgets.VBox):
                     + ", ".join(f"{s} {states.count(s)}" for s in ("alive", "busy", "dead"))
                     + f" · {len(data.collectives)} collectives · refresh #{self.refreshes + 1}"
                 )
-                self.summary.value = summary_html(data)
+                self.line.value = summary_html(data)
             self.last_draw_s = time.perf_counter() - started
             self.last_refresh_s = time.perf_counter() - collecting
             self.last_refresh_cpu_s = time.thread_time() - cpu
@@ -203,7 +207,9 @@ class Dashboard(ipywidgets.VBox):
                 if version == seen and now - began < _IDLE_S:
                     continue
                 if self._source_stopped():
-                    self.freeze()
+                    if self._freezing.acquire(blocking=False):  # else the kernel's thread is
+                        self._freezing.release()  # freezing it (and waits for this thread)
+                        self.freeze()
                     return
                 began, seen = now, version
                 self.refresh(in_thread=True)
@@ -215,15 +221,15 @@ class Dashboard(ipywidgets.VBox):
         return version() if version is not None else None
 
     def _after_cell(self, result: Any = None) -> None:
-        """Pull what is new from the engines between cells (on the kernel's thread)."""
-        if not self._stop.is_set():
-            try:
-                if self._source_stopped():
-                    self.freeze()
-                else:
-                    self.refresh()
-            except Exception as error:  # never break the user's next cell
-                self.header.value = f"<b>nbdist dashboard</b>: refresh failed: {error!r}"
+        """Pull what is new from the engines between cells (on the kernel's thread); once the
+        cluster has stopped, freeze (waiting for a freeze the refresher thread began)."""
+        try:
+            if self._source_stopped():
+                self.freeze()
+            elif not self._stop.is_set():
+                self.refresh()
+        except Exception as error:  # never break the user's next cell
+            self.header.value = f"<b>nbdist dashboard</b>: refresh failed: {error!r}"
 
     def _quiet(self) -> None:
         """Stop the refresher thread and the after-cell refresh."""
@@ -254,13 +260,14 @@ class Dashboard(ipywidgets.VBox):
             >>> board.freeze(); board.frozen, len(board.children)
             (True, 2)
         """
-        with self._lock:
-            if self.frozen:
-                return
-            self.frozen = True
+        with self._freezing:
+            if not self.frozen:
+                self._freeze()
+
+    def _freeze(self) -> None:
         self._quiet()
-        image = self.picture()
         stopped = time.strftime("%H:%M:%S")
+        image = self.picture(f"nbdist dashboard — stopped at {stopped}")
         self.header.value = (
             f"<b>nbdist dashboard</b> — stopped at {stopped}; the last state it showed:"
         )
@@ -274,12 +281,28 @@ class Dashboard(ipywidgets.VBox):
                 child.close()
             view.widget.close()
         tabs.close()
-        self.summary.close()
+        self.line.close()
+        with self._lock:
+            self.frozen = True
         if self._display is not None:  # a picture saved with the notebook, not widget state
             self._display.update(
                 {"image/png": image, "text/plain": f"nbdist dashboard, stopped at {stopped}"},
                 raw=True,
             )
+
+    @property
+    def summary(self) -> str:
+        """The summary line as plain text, for `print`: step, loss (the replicas' mean),
+        steps/s, the last all-reduce and the newest replica check.
+
+        Example:
+            >>> import nbdist as nd
+            >>> board = nd.dashboard(nd.MirroredStrategy(["cpu:0", "cpu:1"]))
+            >>> board.summary
+            'no metrics yet: nd.log(loss=...) in the loop draws curves'
+            >>> board.close()
+        """
+        return summary_text(self.data)
 
     def close(self) -> None:
         """Stop refreshing and close the widget (it disappears from the output; `freeze()`
@@ -287,11 +310,11 @@ class Dashboard(ipywidgets.VBox):
         self._quiet()
         super().close()
 
-    def picture(self) -> bytes:
-        """Every view as one PNG."""
+    def picture(self, title: str = "nbdist dashboard") -> bytes:
+        """Every view as one PNG, `title` on top."""
         data = self.data if self.refreshes else self.refresh()
-        fig = new_figure(10, 11)
-        draw_dashboard(fig, data)
+        fig = new_figure(10, 11.5)
+        draw_dashboard(fig, data, title)
         return png_bytes(fig, compress_level=6)
 
     def save(self, path: str | os.PathLike) -> Path:

@@ -76,23 +76,25 @@ class TrainingPanels:
         self.axes: dict[str, Any] = {}
         self.rate = fig.text(0.97, 0.98, "", ha="right", va="top", fontsize=9)
         self._flag = False
+        self._notes: list[Any] = []  # texts `_build` added (the divergence note)
         self._blit = Blitter(fig)
 
     def _build(self, by_name: dict[str, dict[int, tuple[list, list]]], flag: bool) -> None:
         """Axes, titles, legends and the divergence note for these metrics and replicas."""
         for ax in list(self.fig.axes):
             ax.remove()
-        for text in list(self.fig.texts):
-            if text is not self.rate:
-                text.remove()
+        for text in self._notes:
+            text.remove()
+        self._notes = []
         self.lines, self.axes = {}, {}
         self._blit = Blitter(self.fig)
         self.layout, self._flag = (sorted((n, tuple(sorted(r))) for n, r in by_name.items()), flag)
         mark = "  ⚠ replicas diverge" if flag else ""
         if flag:
-            self.fig.text(0.03, 0.98,
-                          "⚠ replicas diverge: their parameters differ (ReplicasDivergedError)",
-                          ha="left", va="top", fontsize=9, color="#e63946")  # fmt: skip
+            self._notes.append(self.fig.text(
+                0.03, 0.98, "⚠ replicas diverge: their parameters differ (ReplicasDivergedError)",
+                ha="left", va="top", fontsize=9, color="#e63946",
+            ))  # fmt: skip
         if not by_name:
             ax = self.fig.subplots()
             ax.axis("off")

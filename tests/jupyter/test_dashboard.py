@@ -55,8 +55,8 @@ def test_dashboard_after_a_two_engine_training_cell(dist_shell):
         # ... and the replica check after the cell found the parameters identical: no
         # "diverge" anywhere (the check, not the losses, decides)
         assert data.replica_check is not None and data.replica_check.identical
-        assert "replicas identical" in board.summary.value
-        assert "diverge" not in board.summary.value
+        assert "replicas identical" in board.line.value
+        assert "diverge" not in board.line.value
         for replica in (0, 1):
             held = sum(r["bytes"] for r in data.holdings[replica] if r["kind"] == "parameters")
             assert held == (16 * 4 + 4) * 4

@@ -82,8 +82,8 @@ def test_losses_that_differ_on_different_data_never_say_diverge(board):
     losses = board.training.curves["loss"]
     assert losses[0][1] != losses[1][1]  # the replicas' losses differ at every step
     assert "diverge" not in summary_text(board.data)
-    assert "diverge" not in board.summary.value
-    assert "mean of 2 replicas" in board.summary.value
+    assert "diverge" not in board.line.value
+    assert "mean of 2 replicas" in board.line.value
     failed = DashboardData(metrics=board.data.metrics,
                            replica_check=ReplicaCheck(time.time(), False, "differ"))  # fmt: skip
     assert "⚠ replicas diverge" in summary_text(failed)
@@ -94,6 +94,7 @@ def test_losses_that_differ_on_different_data_never_say_diverge(board):
 
 def test_summary_line_shows_step_loss_rate_and_last_all_reduce(board):
     text = summary_text(board.data)
+    assert board.summary == text  # printed: plain text
     assert text.startswith("step 5 · loss ")
     assert " steps/s" in text
     assert "last all-reduce " in text and " ms (" in text
