@@ -231,13 +231,15 @@ class Dashboard(ipywidgets.VBox):
         except Exception as error:  # never break the user's next cell
             self.header.value = f"<b>nbdist dashboard</b>: refresh failed: {error!r}"
 
-    def _quiet(self) -> None:
-        """Stop the refresher thread and the after-cell refresh."""
+    def _quiet(self, *, after_cell: bool = True) -> None:
+        """Stop the refresher thread and (unless `after_cell` is False) the after-cell
+        refresh."""
         self._stop.set()
-        shell, self._shell = getattr(self, "_shell", None), None
-        if shell is not None:
-            with contextlib.suppress(ValueError):
-                shell.events.unregister("post_run_cell", self._after_cell)
+        if after_cell:
+            shell, self._shell = getattr(self, "_shell", None), None
+            if shell is not None:
+                with contextlib.suppress(ValueError):
+                    shell.events.unregister("post_run_cell", self._after_cell)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=_MAX_INTERVAL_S + 5)
 
@@ -265,7 +267,9 @@ class Dashboard(ipywidgets.VBox):
                 self._freeze()
 
     def _freeze(self) -> None:
-        self._quiet()
+        # The after-cell hook stays until the picture is in place: a cell that stopped the
+        # cluster while the refresher thread froze the dashboard waits for it to finish.
+        self._quiet(after_cell=False)
         stopped = time.strftime("%H:%M:%S")
         image = self.picture(f"nbdist dashboard — stopped at {stopped}")
         self.header.value = (
@@ -284,6 +288,7 @@ class Dashboard(ipywidgets.VBox):
         self.line.close()
         with self._lock:
             self.frozen = True
+        self._quiet()
         if self._display is not None:  # a picture saved with the notebook, not widget state
             self._display.update(
                 {"image/png": image, "text/plain": f"nbdist dashboard, stopped at {stopped}"},
