@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -70,28 +71,52 @@ def test_dashboard_after_a_two_engine_training_cell(dist_shell):
         board.close()
 
 
-def test_dashboard_updates_while_a_distribute_cell_runs(dist_shell):
+def test_dashboard_updates_while_a_distribute_cell_runs(dist_shell, tmp_path):
+    """The refresher thread shows the engines' records while the cell still runs. The cell
+    runs until a flag file exists (120 s at most); a watcher creates it once the dashboard
+    showed new collectives (or after 90 s), so a loaded machine, where one refresh can take
+    seconds, gets the time it needs and an idle one finishes in a few seconds."""
+    flag = tmp_path / "stop"
     board = nd.dashboard()
     board.interval = 0.2
+    pace = threading.Event()  # never set: a timed pause between looks
+
+    def watch() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(
+            h[3] and h[1] > len(before) and h[2] > 0 for h in list(board.history)
+        ):
+            pace.wait(0.1)
+        flag.write_text("stop\n")
+
     try:
         before = board.refresh().collectives
+        watcher = threading.Thread(target=watch)
         started = time.monotonic()
+        watcher.start()
         dist_shell.run_cell_magic(
             "distribute",
             "",
-            "import time\n"
+            "import os, time\n"
             "ones = torch.ones(256)\n"
-            "for i in range(150):\n"
+            "end = time.monotonic() + 120\n"
+            "for i in range(100_000):\n"
+            f"    done = float(os.path.exists({str(flag)!r}) or time.monotonic() > end)\n"
             "    strategy.run(lambda: nd.get_replica_context().all_reduce('sum', ones))\n"
             "    nd.log(step=100 + i, live=float(i))\n"
+            "    if strategy.run(lambda: nd.get_replica_context().all_reduce(\n"
+            "            'max', torch.tensor(done))).item():\n"
+            "        break\n"
             "    time.sleep(0.05)\n",
         )
         ended = time.monotonic()
+        watcher.join(timeout=120)
         during = [h for h in board.history if started < h[0] < ended and h[3]]
         # The reduction chart grew while the cell ran (records sent from the engines live).
         assert any(h[1] > len(before) for h in during), list(board.history)
         assert any(h[2] > 0 for h in during)
     finally:
+        flag.write_text("stop\n")
         board.close()
 
 
