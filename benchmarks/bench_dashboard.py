@@ -284,8 +284,9 @@ def live_under_load(seconds: float, load: int) -> dict:
             first_curve = next((h[0] - started for h in during if h[2] > 0), None)
             # the first collective's start (wall clock, from the records) on the same clock
             to_monotonic = time.monotonic() - time.time()
-            first_op = board.data.collectives[0].start + to_monotonic
-            after_op = next((h[0] - first_op for h in during if h[1] > 0), None)
+            shown_ops = board.data.collectives
+            first_op = shown_ops[0].start + to_monotonic if shown_ops else None
+            after_op = next((h[0] - first_op for h in during if h[1] > 0 and first_op), None)
             return {
                 "seconds": ended - started, "load": load, "loadavg_1min": load_avg[0],
                 "refreshes": len(during), "period_s": _spread(periods),
@@ -293,7 +294,7 @@ def live_under_load(seconds: float, load: int) -> dict:
                 "new_collectives_period_s": _spread(new),
                 "first_chart_s": first_chart, "first_curve_s": first_curve,
                 "first_chart_after_first_collective_s": after_op,
-                "first_collective_after_cell_began_s": first_op - started,
+                "first_collective_after_cell_began_s": first_op and first_op - started,
                 "refresh_wall_s": _spread([h[4] for h in during]),
                 "refresh_cpu_s": _spread([h[5] for h in during]),
             }  # fmt: skip
