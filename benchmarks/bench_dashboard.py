@@ -14,16 +14,26 @@
    1M records; a refresh, collect + redraw, under 200 ms, every record in the view's totals);
    and a million raw records handed to the view at once.
 
+3. Live, under load (`live_under_load`): 2 engines (`%dist start -n 2` in an IPython shell,
+   as in a notebook), `--load` busy loops (4) in other processes, a dashboard open on the
+   cluster and a `%%distribute` cell training for `--seconds` (20): the period between the
+   refresher thread's refreshes while the cell runs (median, 90th percentile, largest; target:
+   about 1 s), between refreshes that showed new collectives, and how long after the cell
+   started the first refresh showed collectives and metrics (target: under 2 s).
+
 The multi-worker (2 gloo processes) overhead is `bench_dashboard_overhead.py`.
 
-Run: `python benchmarks/bench_dashboard.py [--quick]`; prints a table, writes
-benchmarks/results/bench_dashboard.json.
+Run: `python benchmarks/bench_dashboard.py [--quick] [--live-only] [--load N] [--seconds S]`;
+prints a table, writes benchmarks/results/bench_dashboard.json (the date and the machine in
+it).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -31,6 +41,8 @@ import torch
 
 import nbdist as nd
 from nbdist.metrics import metric_log
+from nbdist.telemetry import CollectiveRecord, StepRecord
+from nbdist.widgets._data import DashboardData
 from nbdist.widgets.dashboard import Dashboard
 from nbdist.widgets.reductions import ReductionsView
 
@@ -105,10 +117,10 @@ def overhead(trials: int, steps: int) -> dict:
     }
 
 
-def _records(count: int) -> list[tuple]:
+def _records(count: int) -> list[CollectiveRecord]:
     return [
-        ("all_reduce:MEAN", 4096 * (1 + i % 8), "local", (0, 1), 1000.0 + i * 0.01, 2e-4,
-         (1e-4 * (i % 3), 0.0))
+        CollectiveRecord("all_reduce:MEAN", 4096 * (1 + i % 8), "local", (0, 1),
+                         1000.0 + i * 0.01, 2e-4, (1e-4 * (i % 3), 0.0))
         for i in range(count)
     ]  # fmt: skip
 
@@ -133,12 +145,12 @@ def redraw(trials: int) -> dict:
     from nbdist.widgets._data import LocalSource
 
     records = _records(10_000)
-    steps = [((0, 1), 1000.0 + i * 0.04, 0.03) for i in range(2_500)]
+    steps = [StepRecord((0, 1), 1000.0 + i * 0.04, 0.03) for i in range(2_500)]
     view = ReductionsView()
-    view.update({"collectives": records[: -trials - 1], "steps": steps})  # first draw: warm-up
+    view.update(DashboardData(collectives=records[: -trials - 1], steps=steps))  # warm-up
     times, cpu_times, anchors = [], [], []
     for i in range(trials):
-        data = {"collectives": records[: 10_000 - i], "steps": steps}
+        data = DashboardData(collectives=records[: 10_000 - i], steps=steps)
         start, cpu = time.perf_counter(), time.thread_time()
         view.update(data)
         times.append(time.perf_counter() - start)
@@ -184,7 +196,7 @@ def redraw(trials: int) -> dict:
     view_raw = ReductionsView()
     raw_times = []
     for i in range(max(trials // 2, 2)):
-        data = {"collectives": raw[: len(raw) - i], "steps": steps}
+        data = DashboardData(collectives=raw[: len(raw) - i], steps=steps)
         start = time.perf_counter()
         view_raw.update(data)
         raw_times.append(time.perf_counter() - start)
@@ -205,11 +217,138 @@ def redraw(trials: int) -> dict:
         "trials": trials,
     }
 
+LIVE_CELL = """
+import os, time
+rank = int(os.environ["RANK"])
+torch.manual_seed(0)
+with strategy.scope():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.005)
+target = torch.randn(32, 1)
+
+end = time.monotonic() + {seconds}
+
+def step(i):
+    x = torch.randn(256, 32, generator=torch.Generator().manual_seed(1000 * i + rank))
+    loss = (model(x) - x @ target).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    late = torch.tensor(float(time.monotonic() > end))
+    return loss.detach(), nd.get_replica_context().all_reduce("max", late)
+
+i = 0
+while True:  # every engine stops at the same step: the flag is reduced
+    loss, done = strategy.run(step, args=(i,))
+    nd.log(step=i, loss=loss)
+    i += 1
+    if done.item():
+        break
+    time.sleep(0.02)
+"""
+
+
+def _spread(values: list[float]) -> dict:
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+    return {"count": len(values), "median": statistics.median(values),
+            "p90": ordered[int(0.9 * (len(ordered) - 1))], "max": ordered[-1]}  # fmt: skip
+
+
+def live_under_load(seconds: float, load: int) -> dict:
+    """The dashboard's refresh period over 2 engines while `load` busy loops run beside it."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "nbdist")
+        shell.run_line_magic("dist", "start -n 2 --timeout 180")
+        board = nd.dashboard()
+        try:
+            load_avg = os.getloadavg()
+            started, cpu = time.monotonic(), time.process_time()
+            shell.run_cell_magic("distribute", "", LIVE_CELL.format(seconds=seconds))
+            ended, cpu = time.monotonic(), time.process_time() - cpu
+            during = [h for h in board.history if started <= h[0] <= ended and h[3]]
+            times = [h[0] for h in during]
+            periods = [b - a for a, b in itertools.pairwise(times)]
+            shown = [h for h in during if h[1] > 0]
+            new = [b[0] - a[0] for a, b in itertools.pairwise(shown) if b[1] != a[1]]
+            first_chart = next((h[0] - started for h in during if h[1] > 0), None)
+            first_curve = next((h[0] - started for h in during if h[2] > 0), None)
+            # the first collective's start (wall clock, from the records) on the same clock
+            to_monotonic = time.monotonic() - time.time()
+            shown_ops = board.data.collectives
+            first_op = shown_ops[0].start + to_monotonic if shown_ops else None
+            after_op = next((h[0] - first_op for h in during if h[1] > 0 and first_op), None)
+            return {
+                "seconds": ended - started, "load": load, "loadavg_1min": load_avg[0],
+                "refreshes": len(during), "period_s": _spread(periods),
+                "kernel_cpu_share": cpu / (ended - started),
+                "new_collectives_period_s": _spread(new),
+                "first_chart_s": first_chart, "first_curve_s": first_curve,
+                "first_chart_after_first_collective_s": after_op,
+                "first_collective_after_cell_began_s": first_op and first_op - started,
+                "refresh_wall_s": _spread([h[4] for h in during]),
+                "refresh_cpu_s": _spread([h[5] for h in during]),
+            }  # fmt: skip
+        finally:
+            board.close()
+            shell.run_line_magic("dist", "stop")
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def _print_live(live: dict) -> None:
+    p, n = live["period_s"], live["new_collectives_period_s"]
+    print(f"live, {live['load']} busy loops beside 2 engines on {os.cpu_count()} cores "
+          f"(1-min load {live['loadavg_1min']:.1f}), {live['seconds']:.1f} s cell, "
+          f"{live['refreshes']} refreshes; the kernel process used "
+          f"{live['kernel_cpu_share'] * 100:.0f} % of a core")  # fmt: skip
+    print(f"{'measure':46} {'median':>8} {'p90':>8} {'max':>8} {'target':>10}")
+    for name, d, target in (("refresh period (s)", p, "~1 s"),
+                            ("period between new-collective charts (s)", n, "~1 s"),
+                            ("one refresh, wall time (s)", live["refresh_wall_s"], ""),
+                            ("one refresh, CPU time (s)", live["refresh_cpu_s"], "")):  # fmt: skip
+        if d["count"]:
+            print(f"{name:46} {d['median']:8.2f} {d['p90']:8.2f} {d['max']:8.2f} {target:>10}")
+    for name, key in (("first collective after the cell began (s)",
+                       "first_collective_after_cell_began_s"),
+                      ("first chart after the first collective (s)",
+                       "first_chart_after_first_collective_s"),
+                      ("first chart after the cell began (s)", "first_chart_s"),
+                      ("first loss curve after the cell began (s)", "first_curve_s")):  # fmt: skip
+        value = live[key]
+        print(f"{name:46} {value if value is not None else float('nan'):8.2f} {'< 2 s':>28}")
+
+
+
+def _option(argv: list[str], name: str, default: float) -> float:
+    return float(argv[argv.index(name) + 1]) if name in argv else default
+
+
+def _write(result: dict) -> None:
+    """The JSON under benchmarks/results/, stamped with the date and the machine."""
+    from _common import write_result
+
+    print(f"wrote {write_result('bench_dashboard', result)}")
+
 
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
     metric_log().clear()
+    live = live_under_load(_option(argv, "--seconds", 20.0), int(_option(argv, "--load", 4)))
+    _print_live(live)
+    if "--live-only" in argv:
+        _write({"live": live})
+        return 0
     result = {
+        "live": live,
         "redraw": redraw(trials=3 if quick else 10),
         # Blocks of a few seconds: several dashboard refreshes at the dashboard's own pace.
         "overhead": overhead(trials=4 if quick else 10, steps=1000 if quick else 2000),
@@ -240,10 +379,7 @@ def main(argv: list[str]) -> int:
     for name, value, target in rows:
         print(f"{name:46} {value:12.1f} {target:>10}")
     print(f"1M recorded: {m['kept']} kept, {m['accounted']} accounted for in the view's totals")
-    from _common import write_result
-
-    out = write_result("bench_dashboard", result)
-    print(f"wrote {out}")
+    _write(result)
     return 0
 
 

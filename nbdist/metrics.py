@@ -21,12 +21,12 @@ import numbers
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from nbdist.context import current_replica_context
 from nbdist.errors import ArgumentTypeError
 
-__all__ = ["MetricLog", "log", "metric_log", "progress", "set_home_replica"]
+__all__ = ["MetricLog", "MetricRecord", "log", "metric_log", "progress", "set_home_replica"]
 
 _CAPACITY = 100_000
 
@@ -38,6 +38,17 @@ _CAPACITY = 100_000
 # dashboard's feed, twice a second, from its own thread) or when `_DEFERRED_LIMIT` of them
 # are waiting (which bounds the device memory they hold: one sync per that many values).
 _DEFERRED_LIMIT = 1024
+
+
+class MetricRecord(NamedTuple):
+    """One logged value: which replica logged it, at which step, under which name, and when
+    (wall-clock seconds)."""
+
+    replica: int
+    step: int
+    name: str
+    value: float
+    wall: float
 
 
 class _Deferred:
@@ -56,16 +67,16 @@ class _Deferred:
         return self._value
 
 
-def _plain(entry: tuple) -> tuple:
-    """`entry` with a deferred value read as its float."""
+def _plain(entry: tuple) -> MetricRecord:
+    """`entry` as a record, a deferred value read as its float."""
     value = entry[3]
     if type(value) is _Deferred:
-        return (entry[0], entry[1], entry[2], value.value(), entry[4])
-    return entry
+        value = value.value()
+    return MetricRecord(entry[0], entry[1], entry[2], value, entry[4])
 
 
 class MetricLog:
-    """A bounded log of `(replica, step, name, value, wall_time)` tuples (oldest dropped).
+    """A bounded log of `MetricRecord`s, `(replica, step, name, value, wall)` (oldest dropped).
 
     Steps left out are counted per replica and name. Values may be 0-d device tensors, read
     as floats on first read (Note [Logging device tensors]).
@@ -74,7 +85,7 @@ class MetricLog:
         >>> import torch
         >>> log = MetricLog()
         >>> log.add(0, None, {"loss": 0.5, "accuracy": torch.tensor(0.75)})
-        >>> [(name, value) for _, _, name, value, _ in log.records()]
+        >>> [(r.name, r.value) for r in log.records()]
         [('loss', 0.5), ('accuracy', 0.75)]
     """
 
@@ -111,13 +122,13 @@ class MetricLog:
         for value in waiting:  # outside the lock: readers need not wait for the device
             value.value()
 
-    def records(self) -> list[tuple]:
+    def records(self) -> list[MetricRecord]:
         """Every record kept, oldest first."""
         with self._lock:
             entries = list(self._log)
         return [_plain(entry) for entry in entries]
 
-    def tail(self, n: int) -> list[tuple]:
+    def tail(self, n: int) -> list[MetricRecord]:
         """The newest `n` records, oldest first."""
         with self._lock:
             n = min(n, len(self._log))

@@ -1,11 +1,13 @@
 """A bounded in-memory record of every collective and step, written by the strategies, read by
 dashboards.
 
-Recording appends one tuple to a `deque`; the dataclass view is built only when read, so
-recording stays well under 2 % of a 4 KiB all-reduce. When the log is full, the oldest record
+Recording appends one plain tuple to a `deque`; the named records (`CollectiveRecord`,
+`StepRecord`, `PendingCollective`, `Mark`, `ReplicaCheck`: NamedTuples, so they pickle small and
+still unpack by position) are built only when read, so recording stays well under 2 % of a
+4 KiB all-reduce. When the log is full, the oldest record
 is folded into a per-op aggregate (count, bytes, total time, a log2 histogram of durations)
 instead of being lost, so memory stays bounded however long training runs. `snapshot()`
-turns everything into plain tuples (for sending from engines to the notebook); its times are
+turns everything into those records (for sending from engines to the notebook); its times are
 wall-clock seconds so that several processes' records line up. Imports nothing from nbdist.
 """
 
@@ -16,8 +18,12 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Hashable, MutableSequence, Sequence
+from typing import NamedTuple
 
-__all__ = ["HISTOGRAM_BINS", "CollectiveRecord", "OpAggregate", "StepRecord", "Telemetry", "now"]
+__all__ = [
+    "HISTOGRAM_BINS", "CollectiveRecord", "Mark", "OpAggregate", "PendingCollective",
+    "ReplicaCheck", "StepRecord", "Telemetry", "now",
+]  # fmt: skip
 
 HISTOGRAM_BINS = 32
 """Duration histogram bins: bin k holds durations in [2**k, 2**(k+1)) microseconds."""
@@ -26,16 +32,18 @@ HISTOGRAM_BINS = 32
 _MARKS = 256  # marks kept (cell starts): a few per cell, never in a hot path
 
 
-@dataclasses.dataclass(frozen=True)
-class CollectiveRecord:
+class CollectiveRecord(NamedTuple):
     """What one collective did.
+
+    `start` is `time.perf_counter()` in `Telemetry.records()`, wall-clock seconds in
+    `snapshot()`/`tail()` and in the dashboard's data (several processes' records line up).
 
     Attributes:
         op: The collective (`"all_reduce:SUM"`, `"all_gather"`, `"merge_call"`, ...).
         nbytes: Bytes each replica contributed.
         implementation: How it ran (`"local"`, `"gloo"`, `"nccl"`, a CrossDeviceOps name).
         replicas: The replica ids taking part.
-        start: `time.perf_counter()` when the first replica arrived.
+        start: When the first replica arrived.
         duration: Seconds from the first arrival to the result being ready.
         waits: Seconds each replica waited for the others (the last to arrive waits 0):
             a straggler shows as the replica whose wait is smallest while others' are large.
@@ -55,8 +63,7 @@ class CollectiveRecord:
         return self.nbytes / self.duration if self.duration > 0 else 0.0
 
 
-@dataclasses.dataclass(frozen=True)
-class StepRecord:
+class StepRecord(NamedTuple):
     """One `strategy.run` call: which replicas ran, when it started and how long it took.
 
     A step's communication time is the collectives' time inside it; the rest is compute.
@@ -65,6 +72,33 @@ class StepRecord:
     replicas: tuple[int, ...]
     start: float
     duration: float
+
+
+class PendingCollective(NamedTuple):
+    """A collective in progress: one arrival per replica (wall-clock seconds, None while that
+    replica has not arrived); `key` numbers it the same on every process of a group (None
+    when the notebook merged several processes' halves, or for a local collective)."""
+
+    op: str
+    replicas: tuple[int, ...]
+    arrivals: tuple[float | None, ...]
+    key: int | None = None
+
+
+class Mark(NamedTuple):
+    """A moment noted on a process's timeline (`Telemetry.mark`), wall-clock seconds."""
+
+    at: float
+    label: str
+
+
+class ReplicaCheck(NamedTuple):
+    """The outcome of a replica check (Note [Replica check]): when, whether the replicas'
+    parameters were identical, and the message naming those that differ."""
+
+    at: float
+    identical: bool
+    message: str = ""
 
 
 @dataclasses.dataclass
@@ -118,8 +152,8 @@ class Telemetry:
         """Step records ever appended."""
         self._pending: dict[Hashable, tuple] = {}
         self._marks: collections.deque[tuple[float, str]] = collections.deque(maxlen=_MARKS)
-        self.replica_check: tuple[float, bool, str] | None = None
-        """(wall time, replicas identical, message) of the newest replica check, if any."""
+        self.replica_check: ReplicaCheck | None = None
+        """The newest replica check, if any."""
 
     def _make_room(self) -> None:
         if len(self._log) == self._capacity:
@@ -184,7 +218,7 @@ class Telemetry:
         Example:
             >>> t = Telemetry()
             >>> t.begin(7, "all_reduce:SUM", (0, 1), [now(), None])
-            >>> [(op, arrived[1], key) for op, _, arrived, key in t.in_flight()]
+            >>> [(p.op, p.arrivals[1], p.key) for p in t.in_flight()]
             [('all_reduce:SUM', None, 7)]
             >>> t.end(7); t.in_flight()
             []
@@ -198,15 +232,17 @@ class Telemetry:
         if self._pending.pop(key, None) is not None:
             self.version += 1
 
-    def in_flight(self) -> list[tuple]:
+    def in_flight(self) -> list[PendingCollective]:
         """The collectives in progress as `(op, replicas, arrivals, key)`, arrivals in
         wall-clock seconds (None: that replica has not arrived yet); `key` is `begin`'s when it
         is an int (the collective's number in a process group, the same on every process, so
         the notebook can line several processes' halves up), else None."""
         offset = self._offset
         return [
-            (op, tuple(replicas), tuple(None if a is None else a + offset for a in arrivals),
-             key if isinstance(key, int) else None)
+            PendingCollective(
+                op, tuple(replicas), tuple(None if a is None else a + offset for a in arrivals),
+                key if isinstance(key, int) else None,
+            )
             for key, (op, replicas, arrivals) in tuple(self._pending.items())
         ]  # fmt: skip
 
@@ -233,12 +269,12 @@ class Telemetry:
             >>> t.snapshot()["replica_check"][1:]
             (False, 'replicas differ')
         """
-        self.replica_check = (time.time(), identical, message)
+        self.replica_check = ReplicaCheck(time.time(), identical, message)
         self.version += 1
 
-    def _marks_wall_clock(self) -> list[tuple[float, str]]:
+    def _marks_wall_clock(self) -> list[Mark]:
         offset = self._offset
-        return [(at + offset, label) for at, label in list(self._marks)]
+        return [Mark(at + offset, label) for at, label in list(self._marks)]
 
     def record_step(self, replicas: tuple[int, ...], start: float, duration: float) -> None:
         """Append one step (`strategy.run`) record.
@@ -267,7 +303,7 @@ class Telemetry:
         step_tail = list(itertools.islice(reversed(self._steps), steps))[::-1]
         return {
             "collectives": [_as_tuple(entry, offset) for entry in recent],
-            "steps": [(reps, start + offset, duration) for reps, start, duration in step_tail],
+            "steps": [StepRecord(reps, start + offset, dur) for reps, start, dur in step_tail],
             "pending": self.in_flight(),
             "marks": self._marks_wall_clock(),
             "appended": self.appended,
@@ -276,7 +312,7 @@ class Telemetry:
         }
 
     def snapshot(self) -> dict:
-        """Every record as plain tuples with wall-clock times (picklable, for the notebook).
+        """Every record as named records with wall-clock times (picklable, for the notebook).
 
         Example:
             >>> t = Telemetry()
@@ -287,7 +323,8 @@ class Telemetry:
         """
         offset = self._offset
         collectives = [_as_tuple(entry, offset) for entry in list(self._log)]
-        steps = [(reps, start + offset, duration) for reps, start, duration in list(self._steps)]
+        steps = [StepRecord(reps, start + offset, duration)
+                 for reps, start, duration in list(self._steps)]  # fmt: skip
         aggregates = {op: dataclasses.asdict(a) for op, a in self.aggregates.items()}
         return {
             "collectives": collectives,
@@ -313,7 +350,7 @@ class Telemetry:
             entries = list(self._log)
         else:
             entries = list(itertools.islice(reversed(self._log), last))[::-1]
-        return [_as_record(entry) for entry in entries]
+        return [_as_tuple(entry, 0.0) for entry in entries]
 
     def clear(self) -> None:
         """Forget every record."""
@@ -327,26 +364,18 @@ class Telemetry:
         return len(self._log)
 
 
-def _as_record(entry: tuple) -> CollectiveRecord:
+def _as_tuple(entry: tuple, offset: float) -> CollectiveRecord:
+    """A log entry as a `CollectiveRecord`, its start moved by `offset` (to wall-clock)."""
     if len(entry) == 7:
         op, nbytes, implementation, replicas, start, duration, waits = entry
-        return CollectiveRecord(op, nbytes, implementation, replicas, start, duration, tuple(waits))
+        return CollectiveRecord(
+            op, nbytes, implementation, replicas, start + offset, duration, tuple(waits)
+        )
     op, nbytes, implementation, replicas, arrivals, ready = entry
     first, last = min(arrivals), max(arrivals)
     waits = tuple(last - a for a in arrivals)
-    return CollectiveRecord(op, nbytes, implementation, replicas, first, ready - first, waits)
-
-
-def _as_tuple(entry: tuple, offset: float) -> tuple:
-    """A log entry as `(op, nbytes, implementation, replicas, start, duration, waits)` with a
-    wall-clock start (no CollectiveRecord built: snapshots of 10,000 records stay cheap)."""
-    if len(entry) == 7:
-        op, nbytes, implementation, replicas, start, duration, waits = entry
-        return (op, nbytes, implementation, replicas, start + offset, duration, tuple(waits))
-    op, nbytes, implementation, replicas, arrivals, ready = entry
-    first, last = min(arrivals), max(arrivals)
-    waits = tuple(last - a for a in arrivals)
-    return (op, nbytes, implementation, replicas, first + offset, ready - first, waits)
+    return CollectiveRecord(op, nbytes, implementation, replicas, first + offset, ready - first,
+                            waits)  # fmt: skip
 
 
 def now() -> float:

@@ -199,4 +199,4 @@ def _picture(path: Path, cluster: Any) -> dict[int, int]:
         board.save(path)
     finally:
         board.close()
-    return {int(r): sum(item["bytes"] for item in items) for r, items in data["holdings"].items()}
+    return {int(r): sum(item["bytes"] for item in items) for r, items in data.holdings.items()}

@@ -294,7 +294,7 @@ class DistMagics(Magics):
             return
         cluster, self.cluster = self.cluster, None
         if self.board is not None:
-            self.board.close()
+            self.board.freeze()  # its last state stays in the output as a picture
             self.board = None
         cluster.stop()
         namespace = self.shell.user_ns if self.shell is not None else {}
@@ -350,14 +350,11 @@ class DistMagics(Magics):
 
     def _dashboard(self, words: list[str]) -> None:
         _no_arguments("dashboard", words)
-        from IPython.display import display
-
         from nbdist.widgets.dashboard import dashboard
 
         if self.board is not None:
-            self.board.close()  # one live dashboard per notebook: the new one replaces it
-        self.board = dashboard(self.cluster)
-        display(self.board)
+            self.board.freeze()  # one live dashboard per notebook: the old one keeps its picture
+        self.board = dashboard(self.cluster).show()
 
     def _traceback(self, words: list[str]) -> None:
         """Print every replica's full traceback of the last `RemoteError` (Note [The cause

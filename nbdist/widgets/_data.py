@@ -1,25 +1,145 @@
-"""Where a dashboard's numbers come from: one in-process strategy, or a cluster's engines.
+"""Where a dashboard's numbers come from, and the one record every view draws from.
 
-`source_for(target)` picks the source; `source.collect()` returns one plain dict:
-`engines` (rows), `collectives`/`steps` (telemetry tuples, wall-clock times), `aggregates`,
-`metrics` (`(replica, step, name, value, wall)`), `holdings` and `memory` per replica,
-`replica_check` (the newest replica check: `(wall, identical, message)` or None; Note [Replica
-check]) and a `note` for the user.
+`source_for(target)` picks the source: `LocalSource` (one in-process strategy) or
+`ClusterSource` (a cluster's engines). Both hand what each process recorded (its `Snapshot`:
+the telemetry's `snapshot()`, the metric log, what its namespace holds, its memory) to one
+builder, `build_data`, which lines several processes' records up and returns a `DashboardData`:
+the engines (`EngineRow`), collectives, steps, collectives in progress, marks, metrics (the
+named records of `nbdist.telemetry` and `nbdist.metrics`, wall-clock times), holdings and
+memory per replica, the newest replica check (Note [Replica check]) and a note for the user.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import os
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nbdist.holdings import holdings, memory_in_use
-from nbdist.metrics import metric_log
+from nbdist.metrics import MetricRecord, metric_log
+from nbdist.telemetry import (
+    CollectiveRecord,
+    Mark,
+    PendingCollective,
+    ReplicaCheck,
+    StepRecord,
+)
 
-__all__ = ["ClusterSource", "LocalSource", "source_for"]
+__all__ = [
+    "ClusterSource", "DashboardData", "EngineRow", "LocalSource", "Snapshot", "build_data",
+    "newest_check", "source_for",
+]  # fmt: skip
 
 _KEEP = 10_000  # records kept per engine from live updates
+
+Snapshot = Mapping[str, Any]
+"""What one process sends (`nbdist.cluster.engine_side.publisher.engine_snapshot`): `telemetry`
+(a `Telemetry.snapshot()`), `metrics` (`MetricRecord`s), `holdings` (rows), `memory` (bytes)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineRow:
+    """One replica's process as the engines view shows it."""
+
+    replica: int
+    state: str
+    """`"alive"`, `"busy"` or `"dead"`."""
+    host: str
+    pid: int
+    device: str
+    memory: int | None = None
+    heartbeat: float | None = None
+    """Wall-clock time its records were last heard of (None: never)."""
+
+
+@dataclasses.dataclass
+class DashboardData:
+    """Everything a dashboard view draws, from one refresh (wall-clock times throughout).
+
+    Example:
+        >>> DashboardData().collectives, DashboardData().replica_check
+        ([], None)
+    """
+
+    engines: list[EngineRow] = dataclasses.field(default_factory=list)
+    collectives: list[CollectiveRecord] = dataclasses.field(default_factory=list)
+    steps: list[StepRecord] = dataclasses.field(default_factory=list)
+    pending: list[PendingCollective] = dataclasses.field(default_factory=list)
+    marks: dict[int, list[Mark]] = dataclasses.field(default_factory=dict)
+    aggregates: dict[str, dict] = dataclasses.field(default_factory=dict)
+    """Per op, the records folded out of the logs (`count`, `nbytes`, `seconds`, ...)."""
+    metrics: list[MetricRecord] = dataclasses.field(default_factory=list)
+    holdings: dict[int, list[dict]] = dataclasses.field(default_factory=dict)
+    memory: dict[int, int | None] = dataclasses.field(default_factory=dict)
+    replica_check: ReplicaCheck | None = None
+    note: str = ""
+
+    def __getitem__(self, name: str) -> Any:
+        """`data["metrics"]` reads `data.metrics` (code written when this was a dict)."""
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+
+def build_data(
+    engines: Sequence[EngineRow],
+    snapshots: Mapping[int, Snapshot],
+    *,
+    ranks: Sequence[int] | None = None,
+    marks: Mapping[int, list[Mark]] | None = None,
+    checks: Sequence[Any] = (),
+    note: str = "",
+) -> DashboardData:
+    """One `DashboardData` from every process's snapshot, by rank (one in-process strategy's
+    snapshot under 0, or one per engine).
+
+    Engines each record their own half of a collective and their own steps; their n-th
+    records (counted from the newest every engine has sent) are paired into one. `ranks`
+    are the replicas a collective in progress waits for (the engines' ranks by default);
+    `marks` replaces the per-process marks (an in-process strategy's on every replica row);
+    `checks` are replica checks made elsewhere (the notebook's), the newest of them and the
+    snapshots' is shown.
+
+    Example:
+        >>> from nbdist.telemetry import Telemetry
+        >>> t = Telemetry()
+        >>> t.record("all_gather", 8, "local", (0, 1), 0.0, 0.5, (0.5, 0.0))
+        >>> part = {"telemetry": t.snapshot(), "metrics": [], "holdings": [], "memory": None}
+        >>> [r.op for r in build_data([], {0: part}).collectives]
+        ['all_gather']
+    """
+    telemetry = [s["telemetry"] for s in snapshots.values()]
+    collectives = _merge_collectives(_common_tails(telemetry, "collectives", "appended"))
+    steps = [st for part in _common_tails(telemetry, "steps", "steps_appended") for st in part]
+    metrics = [m for s in snapshots.values() for m in s["metrics"]]
+    if len(snapshots) > 1:
+        steps.sort(key=operator.itemgetter(1))
+        metrics.sort(key=operator.itemgetter(4))
+    aggregates: dict[str, dict] = {}
+    for t in telemetry:
+        aggregates.update(t.get("aggregates", {}))
+    pending = _merge_pending(
+        {r: s["telemetry"].get("pending", []) for r, s in snapshots.items()},
+        sorted(ranks if ranks is not None else (e.replica for e in engines)),
+    )
+    return DashboardData(
+        engines=list(engines),
+        collectives=collectives,
+        steps=steps,
+        pending=pending,
+        marks=dict(marks) if marks is not None
+        else {r: s["telemetry"].get("marks", []) for r, s in snapshots.items()},
+        aggregates=aggregates,
+        metrics=metrics,
+        holdings={r: s["holdings"] for r, s in snapshots.items()},
+        memory={r: s["memory"] for r, s in snapshots.items()},
+        replica_check=newest_check([*checks, *(t.get("replica_check") for t in telemetry)]),
+        note=note,
+    )
 
 
 def _user_namespace() -> dict[str, Any]:
@@ -42,29 +162,28 @@ class LocalSource:
         self.note = note
         self.namespace: dict | None = None  # None: the IPython user namespace
 
-    def collect(self, in_thread: bool = False) -> dict[str, Any]:
+    def version(self) -> Any:
+        """Changes whenever something new was recorded (cheap: the refresher asks often)."""
+        return self.strategy.extended.telemetry.version, metric_log().version
+
+    def collect(self, in_thread: bool = False) -> DashboardData:
         snap = self.strategy.extended.telemetry.snapshot()
         devices = [str(d) for d in self.strategy.extended.worker_devices]
-        rows = holdings(_user_namespace() if self.namespace is None else self.namespace)
         memory = memory_in_use(devices[0] if devices else "cpu")
-        engines = [
-            {"replica": i, "state": "alive", "host": socket.gethostname(), "pid": os.getpid(),
-             "device": d, "memory": memory, "heartbeat": time.time()}
-            for i, d in enumerate(devices)
-        ]  # fmt: skip
-        return {
-            "engines": engines,
-            "collectives": snap["collectives"],
-            "steps": snap["steps"],
-            "pending": snap["pending"],
-            "marks": {i: snap.get("marks", []) for i in range(len(devices))},
-            "aggregates": snap["aggregates"],
+        part = {
+            "telemetry": snap,
             "metrics": metric_log().records(),
-            "holdings": {0: rows},
-            "memory": {0: memory},
-            "replica_check": snap.get("replica_check"),
-            "note": self.note,
+            "holdings": holdings(_user_namespace() if self.namespace is None else self.namespace),
+            "memory": memory,
         }
+        engines = [
+            EngineRow(i, "alive", socket.gethostname(), os.getpid(), d, memory, time.time())
+            for i, d in enumerate(devices)
+        ]
+        return build_data(
+            engines, {0: part}, marks={e.replica: snap.get("marks", []) for e in engines},
+            note=self.note,
+        )  # fmt: skip
 
 
 class ClusterSource:
@@ -113,6 +232,14 @@ class ClusterSource:
         snap["time"] = feed["time"]
         self._seen[rank] = feed["time"]
 
+    def version(self) -> Any:
+        """Changes whenever an engine sent new records or a request started or ended (cheap:
+        the refresher asks often; safe from any thread)."""
+        from nbdist.cluster.feed import live_updates
+
+        times = tuple(sorted((f["rank"], f["time"]) for f in live_updates(self.cluster)))
+        return times, sum(len(r) for r in list(self.cluster._inflight.values()))
+
     def _status(self, in_thread: bool) -> list[Any]:
         from nbdist.cluster.processes import pid_alive
         from nbdist.cluster.status import EngineStatus
@@ -131,7 +258,7 @@ class ClusterSource:
             rows.append(EngineStatus(info.rank, info.id, info.host, info.pid, info.device, state))
         return rows
 
-    def collect(self, in_thread: bool = False) -> dict[str, Any]:
+    def collect(self, in_thread: bool = False) -> DashboardData:
         from nbdist.cluster.feed import live_updates, pull
 
         status = self._status(in_thread)
@@ -142,58 +269,30 @@ class ClusterSource:
         for feed in live_updates(self.cluster):
             self._merge_live(feed)
         engines = [
-            {"replica": row.rank, "state": row.state, "host": row.host, "pid": row.pid,
-             "device": row.device, "memory": self._snapshots.get(row.rank, {}).get("memory"),
-             "heartbeat": self._seen.get(row.rank)}
+            EngineRow(row.rank, row.state, row.host, row.pid, row.device,
+                      self._snapshots.get(row.rank, {}).get("memory"), self._seen.get(row.rank))
             for row in status
         ]  # fmt: skip
-        telemetry = [s["telemetry"] for s in self._snapshots.values()]
-        collectives = _merge_collectives(_common_tails(telemetry, "collectives", "appended"))
-        steps = sorted(
-            (st for part in _common_tails(telemetry, "steps", "steps_appended") for st in part),
-            key=lambda st: st[1],
-        )
-        aggregates: dict[str, dict] = {}
-        for s in self._snapshots.values():
-            aggregates.update(s["telemetry"].get("aggregates", {}))
-        pending = _merge_pending(
-            {r: s["telemetry"].get("pending", []) for r, s in self._snapshots.items()},
-            sorted(row.rank for row in status),
-        )
         dead = [row.rank for row in status if row.state == "dead"]
-        note = f"Engine(s) of replica(s) {dead} are dead: `%dist restart`." if dead else ""
-        return {
-            "engines": engines,
-            "collectives": collectives,
-            "steps": steps,
-            "pending": pending,
-            "marks": {r: s["telemetry"].get("marks", []) for r, s in self._snapshots.items()},
-            "aggregates": aggregates,
-            "metrics": sorted(
-                (m for s in self._snapshots.values() for m in s["metrics"]), key=lambda m: m[4]
-            ),
-            "holdings": {r: s["holdings"] for r, s in self._snapshots.items()},
-            "memory": {r: s["memory"] for r, s in self._snapshots.items()},
-            "replica_check": newest_check(
-                [getattr(self.cluster, "last_replica_check", None)]
-                + [s["telemetry"].get("replica_check") for s in self._snapshots.values()]
-            ),
-            "note": note,
-        }
+        return build_data(
+            engines, self._snapshots,
+            checks=[getattr(self.cluster, "last_replica_check", None)],
+            note=f"Engine(s) of replica(s) {dead} are dead: `%dist restart`." if dead else "",
+        )  # fmt: skip
 
 
-def newest_check(checks: list[Any]) -> tuple[float, bool, str] | None:
+def newest_check(checks: Sequence[Any]) -> ReplicaCheck | None:
     """The newest of the replica checks given (None where none ran).
 
     Example:
         >>> newest_check([None, (1.0, True, ""), (2.0, False, "differ")])
-        (2.0, False, 'differ')
+        ReplicaCheck(at=2.0, identical=False, message='differ')
     """
-    found = [tuple(c) for c in checks if c]
-    return max(found, key=lambda c: c[0]) if found else None
+    found = [ReplicaCheck(*c) for c in checks if c]
+    return max(found, key=lambda c: c.at) if found else None
 
 
-def _common_tails(telemetry: list[dict], key: str, count: str) -> list[list[tuple]]:
+def _common_tails(telemetry: list[Mapping], key: str, count: str) -> list[list]:
     """Each engine's `key` records up to the newest one that every engine has sent.
 
     The engines' feeds arrive at different moments, so one engine's newest records can be a
@@ -212,7 +311,7 @@ def _common_tails(telemetry: list[dict], key: str, count: str) -> list[list[tupl
     return [records[: max(len(records) - (appended - newest), 0)] for appended, records in parts]
 
 
-def _merge_collectives(per_engine: list[list[tuple]]) -> list[tuple]:
+def _merge_collectives(per_engine: list[list[CollectiveRecord]]) -> list[CollectiveRecord]:
     """Engines each record their own half of a collective `(rank,)` with its own duration;
     the n-th record of the same op on every engine is one collective. Merge them into one
     record with every replica's wait (the last to arrive waits 0)."""
@@ -221,38 +320,39 @@ def _merge_collectives(per_engine: list[list[tuple]]) -> list[tuple]:
     count = min(len(records) for records in per_engine)
     merged = []
     for parts in zip(*(records[-count:] for records in per_engine)):
-        ends = [p[4] + p[5] for p in parts]
-        arrivals = [p[4] for p in parts]
-        last = max(arrivals)
-        replicas = tuple(p[3][0] for p in parts)
-        first = min(arrivals)
-        merged.append(
-            (parts[0][0], parts[0][1], parts[0][2], replicas, first, max(ends) - first,
-             tuple(last - a for a in arrivals))
-        )  # fmt: skip
+        arrivals = [p.start for p in parts]
+        first, last = min(arrivals), max(arrivals)
+        merged.append(CollectiveRecord(
+            parts[0].op, parts[0].nbytes, parts[0].implementation,
+            tuple(p.replicas[0] for p in parts), first,
+            max(p.start + p.duration for p in parts) - first, tuple(last - a for a in arrivals),
+        ))  # fmt: skip
     return merged
 
 
-def _merge_pending(per_engine: dict[int, list[tuple]], ranks: list[int]) -> list[tuple]:
+def _merge_pending(
+    per_engine: Mapping[int, Sequence[PendingCollective]], ranks: list[int]
+) -> list[PendingCollective]:
     """Engines each mark their own half of a collective in progress, numbered the same on
-    every engine: one `(op, replicas, arrivals)` per number, with None for every engine that
-    has not arrived at it.
+    every engine: one record per number, with None for every replica that has not arrived.
 
     Example:
         >>> _merge_pending({0: [("all_reduce:SUM", (0,), (5.0,), 12)], 1: []}, [0, 1])
-        [('all_reduce:SUM', (0, 1), (5.0, None))]
+        [PendingCollective(op='all_reduce:SUM', replicas=(0, 1), arrivals=(5.0, None), key=12)]
     """
     by_key: dict[Any, tuple[str, dict[int, float]]] = {}
     for rank, pending in per_engine.items():
-        for op, replicas, arrivals, *rest in pending:
-            key = rest[0] if rest and rest[0] is not None else ("local", rank, op)
+        for i, (op, replicas, arrivals, *rest) in enumerate(pending):
+            key = rest[0] if rest and rest[0] is not None else ("local", rank, i)
             _, arrived = by_key.setdefault(key, (op, {}))
             for replica, when in zip(replicas, arrivals):
                 if when is not None:
                     arrived[rank if len(replicas) == 1 else replica] = when
     return [
-        (op, tuple(ranks), tuple(arrived.get(r) for r in ranks)) for op, arrived in by_key.values()
-    ]
+        PendingCollective(op, tuple(ranks), tuple(arrived.get(r) for r in ranks),
+                          key if isinstance(key, int) else None)
+        for key, (op, arrived) in by_key.items()
+    ]  # fmt: skip
 
 
 def source_for(target: Any = None) -> Any:

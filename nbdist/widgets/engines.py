@@ -7,6 +7,7 @@ import time
 
 import ipywidgets
 
+from nbdist.widgets._data import DashboardData
 from nbdist.widgets.placement import TABLE_STYLE, _size
 
 __all__ = ["EnginesView", "engines_html"]
@@ -14,27 +15,27 @@ __all__ = ["EnginesView", "engines_html"]
 _COLORS = {"alive": "#2a9d8f", "busy": "#e9c46a", "dead": "#e63946"}
 
 
-def engines_html(data: dict) -> str:
+def engines_html(data: DashboardData) -> str:
     """An HTML table, one row per engine (replica), its state coloured."""
     now = time.time()
     rows = []
-    for e in data["engines"]:
-        beat = f"{now - e['heartbeat']:.0f} s ago" if e.get("heartbeat") else "–"
-        color = _COLORS.get(e["state"], "#888")
-        text = "#3d3000" if e["state"] == "busy" else "white"  # readable on yellow
+    for e in data.engines:
+        beat = f"{now - e.heartbeat:.0f} s ago" if e.heartbeat else "–"
+        color = _COLORS.get(e.state, "#888")
+        text = "#3d3000" if e.state == "busy" else "white"  # readable on yellow
         rows.append(
-            f"<tr class='nd-engine nd-{e['state']}'><td>{e['replica']}</td>"
+            f"<tr class='nd-engine nd-{e.state}'><td>{e.replica}</td>"
             f"<td><span class='nd-state' style='background:{color};color:{text}'>"
-            f"{e['state']}</span></td>"
-            f"<td>{html.escape(str(e['host']))}</td><td>{e['pid']}</td>"
-            f"<td>{html.escape(str(e['device']))}</td><td>{_size(e.get('memory'))}</td>"
+            f"{e.state}</span></td>"
+            f"<td>{html.escape(str(e.host))}</td><td>{e.pid}</td>"
+            f"<td>{html.escape(str(e.device))}</td><td>{_size(e.memory)}</td>"
             f"<td>{beat}</td></tr>"
         )
     head = "".join(
         f"<th>{h}</th>"
         for h in ("replica", "state", "host", "pid", "device", "memory", "last heard")
     )
-    note = f"<p class='nd-note'>{html.escape(data['note'])}</p>" if data.get("note") else ""
+    note = f"<p class='nd-note'>{html.escape(data.note)}</p>" if data.note else ""
     return (
         f"{TABLE_STYLE}{note}<table class='nd-table nd-engines'><tr>{head}</tr>{''.join(rows)}"
         "</table>"
@@ -50,8 +51,8 @@ class EnginesView:
         self.widget = ipywidgets.HTML()
         self.states: dict[int, str] = {}
 
-    def update(self, data: dict) -> bool:
-        self.states = {e["replica"]: e["state"] for e in data["engines"]}
+    def update(self, data: DashboardData) -> bool:
+        self.states = {e.replica: e.state for e in data.engines}
         text = engines_html(data)
         if text == self.widget.value:
             return False

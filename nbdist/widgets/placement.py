@@ -8,6 +8,8 @@ from typing import Any
 
 import ipywidgets
 
+from nbdist.widgets._data import DashboardData
+
 __all__ = ["PlacementView", "placement_html"]
 
 
@@ -33,11 +35,11 @@ def _size(n: float | None) -> str:
     return str(n)
 
 
-def placement_html(data: dict) -> str:
+def placement_html(data: DashboardData) -> str:
     """An HTML table: one row per replica, device, kind and module."""
     rows = []
-    for replica, items in sorted(data["holdings"].items()):
-        memory = _size(data["memory"].get(replica))
+    for replica, items in sorted(data.holdings.items()):
+        memory = _size(data.memory.get(replica))
         for item in items:
             rows.append(
                 f"<tr><td>{replica}</td><td>{html.escape(item['device'])}</td>"
@@ -65,10 +67,10 @@ class PlacementView:
         self.widget = ipywidgets.HTML()
         self.rows: dict[Any, list] = {}
 
-    def update(self, data: dict) -> bool:
+    def update(self, data: DashboardData) -> bool:
         text = placement_html(data)
         if text == self.widget.value:
             return False
-        self.rows = data["holdings"]
+        self.rows = data.holdings
         self.widget.value = text
         return True

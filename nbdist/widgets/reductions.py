@@ -1,5 +1,6 @@
 """The reductions view: a timeline of collectives per replica, who waited for whom (the
-straggler by name), bandwidth against message size, compute vs communication per step, every
+straggler by name), time against message size (a bandwidth only for messages of at least
+`BANDWIDTH_MIN_BYTES`; smaller ones are latency-bound), compute vs communication per step, every
 record counted per op, and a collective stuck for more than `STUCK_S` seconds shown in red with
 the replicas that have arrived and those that have not.
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import html
-import io
 import operator
 import re
 import time
@@ -20,15 +20,24 @@ from typing import Any
 
 import ipywidgets
 import numpy as np
-import PIL.Image
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.patches import Patch
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
+from nbdist.telemetry import CollectiveRecord
 from nbdist.timeline import STUCK_S, blame, step_split, straggler, stuck
-from nbdist.widgets._canvas import new_figure
+from nbdist.widgets._canvas import Blitter, coarse, new_figure, nice
+from nbdist.widgets._data import DashboardData
 
-__all__ = ["STUCK_S", "ReductionsPanels", "ReductionsView", "draw_reductions", "op_totals"]
+__all__ = [
+    "BANDWIDTH_MIN_BYTES", "STUCK_S", "ReductionsPanels", "ReductionsView", "draw_reductions",
+    "link_text", "op_totals",
+]  # fmt: skip
+
+BANDWIDTH_MIN_BYTES = 64 * 1024
+"""Messages smaller than this are latency-bound: their time is the link's latency and the
+collective's fixed cost, not bytes over a bandwidth, so no bandwidth is computed from them
+(4-byte all-reduces gave "0.006 MB/s", which read as a broken link)."""
 
 _TIMELINE = 200  # newest collectives drawn on the timeline
 _WINDOW = 500  # collectives the blame is computed over
@@ -71,19 +80,6 @@ class _MinorSI(Formatter):
         return _si(value) if round(mantissa) in (2, 5) else ""
 
 
-_ROUND = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
-
-
-def _nice(value: float) -> float:
-    """The smallest round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten)
-    at least `value` (1 for nothing): limits that stay put while the data grows a little, so
-    the frame is drawn once (Note [Fast redraw])."""
-    if not value > 0:
-        return 1.0
-    power = 10.0 ** np.floor(np.log10(value))
-    return next(m * power for m in _ROUND if m * power >= value * (1 - 1e-9))
-
-
 def _decades(low: float, high: float) -> tuple[float, float]:
     """Log-axis limits widened to whole powers of ten."""
     return 10.0 ** np.floor(np.log10(low)), 10.0 ** np.ceil(np.log10(high))
@@ -98,6 +94,29 @@ def _boxes(left: Any, right: Any, bottom: Any, top: Any) -> np.ndarray:
     verts[:, 0, 1] = verts[:, 3, 1] = bottom
     verts[:, 1, 1] = verts[:, 2, 1] = top
     return verts
+
+
+def link_text(records: list[CollectiveRecord]) -> str:
+    """What the link did, as one line: the peak bandwidth over messages of at least
+    `BANDWIDTH_MIN_BYTES`, and the median time of smaller ones (latency-bound).
+
+    Example:
+        >>> small = CollectiveRecord("all_reduce:SUM", 4, "gloo", (0, 1), 0.0, 4e-4, (0, 0))
+        >>> link_text([small])
+        'latency-bound (messages under 64 KiB): median 0.40 ms'
+        >>> big = small._replace(nbytes=1 << 20, duration=0.01)
+        >>> for part in link_text([small, big]).split(" · "): print(part)
+        bandwidth (messages of 64 KiB or more): peak 105 MB/s
+        latency-bound (under 64 KiB): median 0.40 ms
+    """
+    rates = [r.nbytes / r.duration for r in records
+             if r.nbytes >= BANDWIDTH_MIN_BYTES and r.duration > 0]  # fmt: skip
+    small = [r.duration for r in records if r.nbytes < BANDWIDTH_MIN_BYTES]
+    latency = f"median {float(np.median(small)) * 1e3:.2f} ms" if small else ""
+    if not rates:
+        return f"latency-bound (messages under 64 KiB): {latency}" if small else ""
+    text = f"bandwidth (messages of 64 KiB or more): peak {_rate(max(rates) / 1e6)} MB/s"
+    return text + (f" · latency-bound (under 64 KiB): {latency}" if small else "")
 
 
 def op_totals(records: list[tuple], aggregates: dict | None = None) -> dict[str, dict]:
@@ -136,9 +155,9 @@ class ReductionsPanels:
     `show(data)` (see Note [Fast redraw]).
 
     Example:
-        >>> from nbdist.widgets._canvas import new_figure
+        >>> from nbdist.widgets._canvas import Blitter, coarse, new_figure, nice
         >>> panels = ReductionsPanels(new_figure(9, 5.5))
-        >>> panels.show({"collectives": [], "steps": []})
+        >>> panels.show(DashboardData())
     """
 
     def __init__(self, fig: Any):
@@ -164,10 +183,11 @@ class ReductionsPanels:
             axis.set_minor_formatter(_MinorSI())
         for axis in (self.timeline.xaxis, self.waits.yaxis, self.steps.xaxis, self.steps.yaxis):
             axis.set_major_locator(MaxNLocator(nbins=5))
-        self.bandwidth.set_xlabel("message bytes")
-        self.bandwidth.set_ylabel("MB/s")
-        # the link's peak as measured: the best effective bandwidth of any collective seen
-        (self.peak,) = self.bandwidth.plot([1e-9, 1e18], [1.0, 1.0], ls="--", lw=0.8,
+        self.bandwidth.set_xlabel("message bytes (dotted: 64 KiB)")
+        self.bandwidth.set_ylabel("ms")
+        self.bandwidth.axvline(BANDWIDTH_MIN_BYTES, ls=":", lw=0.8, color="#6c757d")
+        # the link's peak as measured over messages >= 64 KiB: time = bytes / peak bandwidth
+        (self.peak,) = self.bandwidth.plot([1.0, 2.0], [1.0, 2.0], ls="--", lw=0.8,
                                            color="#6c757d", visible=False)  # fmt: skip
         self.scatters: dict[str, Any] = {}
         self.compute = self.steps.add_collection(PolyCollection([], facecolors=_COMPUTE))
@@ -181,14 +201,12 @@ class ReductionsPanels:
         )  # fmt: skip
         self._replicas: list[int] = []
         self._bar_names: list[str] = []
-        self._frame: Any = None
-        self._limits: dict[str, tuple[float, float]] = {}
-        self._background: Any = None
+        self._blit = Blitter(fig)
+        self._steady = self._blit.steady
 
     def png(self) -> bytes:
         """The figure as PNG, drawing only the data when the frame (axes, ticks, labels,
         legends) is the one drawn last time (Note [Fast redraw])."""
-        canvas = self.fig.canvas
         dynamic = [self.waiting, self.working, self.cells, self.bars, self.compute, self.comm,
                    self.peak,
                    self.timeline.title, self.waits.title, self.bandwidth.title,
@@ -196,55 +214,28 @@ class ReductionsPanels:
         frame = (
             [ax.get_xlim() + ax.get_ylim() for ax in (self.timeline, self.waits, self.bandwidth,
                                                        self.steps)],
-            self._replicas, self._bar_names, sorted(self.scatters), canvas.get_width_height(),
+            self._replicas, self._bar_names, sorted(self.scatters),
         )  # fmt: skip
-        if frame != self._frame:
-            for artist in dynamic:
-                artist.set_animated(True)  # left out of canvas.draw(), drawn below
-            canvas.draw()
-            self._background = canvas.copy_from_bbox(self.fig.bbox)
-            self._frame = frame
-        else:
-            canvas.restore_region(self._background)
-        for artist in dynamic:
-            self.fig.draw_artist(artist)
-        width, height = canvas.get_width_height()
-        image = PIL.Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw",
-                                     "RGBA", 0, 1)  # fmt: skip
-        buffer = io.BytesIO()
-        image.save(buffer, format="png", compress_level=1)
-        return buffer.getvalue()
+        return self._blit.png(frame, dynamic)
 
-    def _steady(self, name: str, low: float, high: float) -> tuple[float, float]:
-        """Limits `(low, high)`, or the last ones of `name` while the data still fits them
-        and fills more than a fifth of their span (of their decades on a log axis), so that
-        the frame stays put when the data wobbles (Note [Fast redraw])."""
-        last = self._limits.get(name)
-        if last is not None and last[0] <= low and high <= last[1]:
-            log = low > 0 and last[0] > 0
-            span = (lambda a, b: np.log10(b / a)) if log else (lambda a, b: b - a)
-            if span(low, high) > 0.2 * span(*last):
-                return last
-        self._limits[name] = (low, high)
-        return low, high
-
-    def show(self, data: dict) -> None:
+    def show(self, data: DashboardData) -> None:
         """Put `data`'s numbers into the panels (draws nothing by itself)."""
-        records = data["collectives"]
-        before = records[-_TIMELINE - 1][4] if len(records) > _TIMELINE else float("-inf")
-        self._timeline(records[-_TIMELINE:], data.get("marks", {}), before)
+        records = data.collectives
+        before = records[-_TIMELINE - 1].start if len(records) > _TIMELINE else float("-inf")
+        self._timeline(records[-_TIMELINE:], data.marks, before)
         self._blame(records)
         self._bandwidth(records[-_SCATTER:])
-        self._steps(step_split(data["steps"][-_TIMELINE:], records[-4 * _TIMELINE :]))
+        self._steps(step_split(data.steps[-_TIMELINE:], records[-4 * _TIMELINE :]))
 
     def _timeline(
-        self, recent: list[tuple], marks: dict[int, list] | None = None, before: float = 0.0
+        self, recent: list[CollectiveRecord], marks: dict[int, list] | None = None,
+        before: float = 0.0,
     ) -> None:
         # A cell starts before its first collective: marks after the last collective left
         # out of the window (`before`) belong to it, and the window begins at the earliest.
         shown = [(replica, at) for replica, found in (marks or {}).items()
                  for at, _ in found if at > before]  # fmt: skip
-        t0 = recent[0][4] if recent else 0.0
+        t0 = recent[0].start if recent else 0.0
         if recent and shown:
             t0 = min(t0, min(at for _, at in shown))
         rows, arrival, wait, work = [], [], [], []
@@ -267,7 +258,7 @@ class ReductionsPanels:
         ax = self.timeline
         ax.set_ylim(min(replicas, default=0) - 0.6, max(replicas, default=1) + 0.6)
         end = float((x + wait_a + work_a).max()) if len(x) else 1.0
-        ax.set_xlim(*self._steady("timeline.x", 0.0, _nice(end * 1.02)))
+        ax.set_xlim(*self._steady("timeline.x", 0.0, nice(end * 1.02)))
         self.cells.set_segments([  # cell starts inside the window, on their replica's row
             [(at - t0, replica - 0.5), (at - t0, replica + 0.5)]
             for replica, at in shown if replica in replicas and at - t0 <= end
@@ -287,18 +278,26 @@ class ReductionsPanels:
             self.waits.set_xticks(positions, names)
         self.waits.set_xlim(-0.6, max(len(names), 1) - 0.4)
         top = float(heights.max()) if len(heights) else 0.0
-        self.waits.set_ylim(*self._steady("waits.y", 0.0, _nice(top * 1.1)))
+        self.waits.set_ylim(0.0, coarse(top))  # grows with the window: redrawn rarely
         self.waits.set_title(
             f"straggler: replica {late}" if late is not None else "no straggler", fontsize=9
         )
 
-    def _bandwidth(self, chosen: list[tuple]) -> None:
+    def _bandwidth(self, chosen: list[CollectiveRecord]) -> None:
+        """Time by message size, per op; a bandwidth only over messages of at least
+        `BANDWIDTH_MIN_BYTES` (the dashed line: their peak), smaller ones latency-bound."""
         by_op: dict[str, tuple[list, list]] = {}
-        for op, nbytes, _, _, _, duration, _ in chosen:
-            if duration > 0 and nbytes > 0:
-                xs, ys = by_op.setdefault(op, ([], []))
-                xs.append(nbytes)
-                ys.append(nbytes / duration / 1e6)
+        peak = 0.0
+        small: list[float] = []
+        for r in chosen:
+            if r.duration > 0 and r.nbytes > 0:
+                xs, ys = by_op.setdefault(r.op, ([], []))
+                xs.append(r.nbytes)
+                ys.append(r.duration * 1e3)
+                if r.nbytes >= BANDWIDTH_MIN_BYTES:
+                    peak = max(peak, r.nbytes / r.duration)
+                else:
+                    small.append(r.duration)
         ax = self.bandwidth
         if set(by_op) != set(self.scatters):
             for artist in self.scatters.values():
@@ -314,19 +313,25 @@ class ReductionsPanels:
             self.scatters[op].set_offsets(points)
             lows.append(points.min(axis=0))
             highs.append(points.max(axis=0))
-        if lows:
-            low, high = np.min(lows, axis=0), np.max(highs, axis=0)
-            ax.set_xlim(*self._steady("bandwidth.x", *_decades(low[0] / 1.5, high[0] * 1.5)))
-            ax.set_ylim(*self._steady("bandwidth.y", *_decades(low[1] / 1.5, high[1] * 1.5)))
-            self.peak.set_ydata([high[1], high[1]])
-            self.peak.set_visible(True)
-            ax.set_title(f"bandwidth by size (dashed: peak measured, {_rate(high[1])} MB/s)",
-                         fontsize=9)  # fmt: skip
-        else:
+        if not lows:
             ax.set_xlim(1.0, 1e6)
-            ax.set_ylim(1.0, 1e3)
+            ax.set_ylim(1e-2, 1e2)
             self.peak.set_visible(False)
-            ax.set_title("bandwidth by size", fontsize=9)
+            ax.set_title("time by message size", fontsize=9)
+            return
+        low, high = np.min(lows, axis=0), np.max(highs, axis=0)
+        right = max(high[0] * 1.5, BANDWIDTH_MIN_BYTES * 1.5)  # the 64 KiB line in view
+        ax.set_xlim(*self._steady("bandwidth.x", *_decades(low[0] / 1.5, right)))
+        ax.set_ylim(*self._steady("bandwidth.y", *_decades(low[1] / 1.5, high[1] * 1.5)))
+        parts = []
+        if peak > 0:
+            xs = np.array([BANDWIDTH_MIN_BYTES, ax.get_xlim()[1]], float)
+            self.peak.set_data(xs, xs / peak * 1e3)
+            parts.append(f"peak {_rate(peak / 1e6)} MB/s (≥ 64 KiB)")
+        self.peak.set_visible(peak > 0)
+        if small:
+            parts.append(f"latency-bound: median {float(np.median(small)) * 1e3:.2f} ms")
+        ax.set_title(" · ".join(parts), fontsize=9)
 
     def _steps(self, split: list[tuple]) -> None:
         if not split:
@@ -346,21 +351,21 @@ class ReductionsPanels:
 
         self.compute.set_verts([band(np.zeros_like(compute), compute)])
         self.comm.set_verts([band(compute, compute + comm)])
-        self.steps.set_xlim(*self._steady("steps.x", 0.0, _nice(max(len(split) - 1, 1))))
+        self.steps.set_xlim(0.0, min(coarse(len(split) - 1), nice(_TIMELINE)))
         top = float((compute + comm).max())
-        self.steps.set_ylim(*self._steady("steps.y", 0.0, _nice(top * 1.15)))
+        self.steps.set_ylim(*self._steady("steps.y", 0.0, nice(top * 1.15)))
 
 
-def draw_reductions(fig: Any, data: dict) -> None:
+def draw_reductions(fig: Any, data: DashboardData) -> None:
     """Draw the four reduction panels into `fig` (a Figure or SubFigure)."""
     ReductionsPanels(fig).show(data)
 
 
-def stuck_html(data: dict, now: float | None = None) -> str:
+def stuck_html(data: DashboardData, now: float | None = None) -> str:
     """A red note per collective waiting longer than `STUCK_S` (empty when none is)."""
     now = time.time() if now is None else now
     notes = []
-    for s in stuck(data.get("pending", ()), now):
+    for s in stuck(data.pending, now):
         since = time.strftime("%H:%M:%S", time.localtime(s["since"]))
         arrived = ", ".join(str(r) for r in s["arrived"]) or "none"
         missing = ", ".join(str(r) for r in s["missing"]) or "none"
@@ -403,13 +408,15 @@ class ReductionsView:
         self.count = 0
         self.totals: dict[str, dict] = {}
         self.stuck = ""
+        self.link = ""
+        """`link_text` of the newest collectives (bandwidth, or latency-bound)."""
         self._summary = ""
         self._panels: ReductionsPanels | None = None
 
-    def update(self, data: dict) -> bool:
-        records = data["collectives"]
+    def update(self, data: DashboardData) -> bool:
+        records = data.collectives
         stuck_note = stuck_html(data)
-        key = (len(records), records[-1][4] if records else None, len(data["steps"]))
+        key = (len(records), records[-1].start if records else None, len(data.steps))
         if key == self.key:
             if stuck_note != self.stuck:
                 self.stuck = stuck_note
@@ -417,8 +424,9 @@ class ReductionsView:
             return False
         self.key = key
         self.count = len(records)
-        self.totals = op_totals(records, data.get("aggregates"))
+        self.totals = op_totals(records, data.aggregates)
         self.straggler = straggler(records, _WINDOW)
+        self.link = link_text(records[-_SCATTER:])
         if self._panels is None:
             self._panels = ReductionsPanels(new_figure(9, 5.5))
         self._panels.show(data)
@@ -429,6 +437,7 @@ class ReductionsView:
             f"<span class='nd-count'>{self.count}</span> collectives"
             + (f" (+{folded} older, folded into the totals)" if folded else "")
             + f" · straggler: {late}"
+            + (f"<div class='nd-link'>{html.escape(self.link)}</div>" if self.link else "")
             + _totals_html(self.totals)
         )
         self.stuck = stuck_note
@@ -450,6 +459,8 @@ class ReductionsView:
             + (f" (+{folded} older, folded into the totals)" if folded else "")
             + f" · straggler: {late}"
         ]
+        if self.link:
+            lines.append(self.link)
         for op, t in sorted(self.totals.items()):
             mean_ms = t["seconds"] / t["count"] * 1e3 if t["count"] else 0.0
             lines.append(

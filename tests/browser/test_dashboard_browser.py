@@ -3,13 +3,19 @@
 A notebook starts 2 engines, opens `%dist dashboard`, and runs a `%%distribute` cell that
 trains a small model (gradients averaged in backward, two all-reduces and `nd.log` every
 step, replica 1 a little slower on purpose) until a flag file exists. While that cell runs,
-the test asserts from the rendered page that the Engines view lists two engines and that the
-Reductions chart changes; it clicks through the views and screenshots each. Then it creates
-the flag file, waits for the cell to end, stops the engines and checks that every process it
-started is gone.
+the test asserts from the rendered page that the dashboard opened on Training, that the
+summary line above the tabs moves (step, loss, steps/s, last all-reduce) and never says
+"diverge" although each replica trains on its own batches (their losses differ) while the
+replica check says the replicas are identical, that the Engines view lists two engines, that
+the Reductions chart changes and calls the small messages latency-bound; it clicks through the
+views and screenshots each. Then it creates the flag file, waits for the cell to end, stops the
+engines, checks that the dashboard's output is now its last picture (a PNG, not an empty
+output) and that every process it started is gone.
 
 With NBDIST_UPDATE_DOC_IMAGES=1 the screenshots are also copied to docs/images/dashboard-*.png
-(the pictures in docs/dashboards.md).
+(the pictures in docs/dashboards.md); with NBDIST_SHOTS=folder, to that folder. The seconds
+from the training cell's start to the first loss curve on the page are printed (not asserted:
+no timed tests; benchmarks/bench_dashboard.py measures the refresh period).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import time
 
 import nbformat
 import psutil
@@ -29,6 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 IMAGES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "images"
 UPDATE_IMAGES = os.environ.get("NBDIST_UPDATE_DOC_IMAGES") == "1"
+SHOTS = os.environ.get("NBDIST_SHOTS")
 
 TRAIN = """%%distribute
 import os, time
@@ -113,9 +121,30 @@ def _shoot(page, tmp_path: pathlib.Path, name: str, *, dashboard_only: bool = Tr
     else:
         page.screenshot(path)
     assert path.stat().st_size > 5_000, f"{path} looks empty"
+    if SHOTS:
+        pathlib.Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, pathlib.Path(SHOTS) / f"{name}.png")
     if UPDATE_IMAGES:
         IMAGES.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, IMAGES / f"{name}.png")
+
+
+_SUMMARY = (
+    "() => { const s = document.querySelector('.nd-dashboard .nd-summary');"
+    " return s ? s.textContent : ''; }"
+)
+
+
+def _summary_moves(page, before: str) -> str:
+    """Wait for the summary line to show another step than `before`; never "diverge"."""
+    text = page.wait_until(
+        f"(before) => {{ const t = ({_SUMMARY})(); return t.startsWith('step ') && t !== before"
+        " && t; }",
+        before,
+        timeout=60,
+    ).json_value()
+    assert "diverge" not in text, text
+    return text
 
 
 def _image_index(page, view: str) -> int:
@@ -144,8 +173,23 @@ def test_dashboard_updates_in_the_browser_while_training_runs(tmp_path):
                 timeout=60,
             ).json_value()
             assert states == ["alive", "alive"], states
+            current = page.page.locator(".nd-dashboard .lm-TabBar-tab.lm-mod-current")
+            assert current.first.inner_text().strip() == "Training"  # the view that changes
+            empty_curves = page.wait_until(_IMAGE_SRC, 1, timeout=60).json_value()
 
             page.start_cell(2)  # runs until the flag file exists
+            began = time.monotonic()
+            page.wait_until(  # the first loss curves on the page
+                "([i, before]) => { const img = document.querySelectorAll('.nd-dashboard img')[i];"
+                " return img && img.naturalWidth > 0 && img.src !== before; }",
+                [1, empty_curves],
+                timeout=180,
+            )
+            print(f"first loss curve on the page {time.monotonic() - began:.1f} s after the cell")
+            line = _summary_moves(page, "")
+            assert "loss " in line and "steps/s" in line and "last all-reduce" in line, line
+            line = _summary_moves(page, line)
+            _shoot(page, tmp_path, "dashboard-first-seconds", dashboard_only=False)
             reductions = _image_index(page, "Reductions")
             first = page.wait_until(_IMAGE_SRC, reductions, timeout=180).json_value()
             first_count = int(page.page.locator(".nd-dashboard .nd-count").first.inner_text())
@@ -178,6 +222,9 @@ def test_dashboard_updates_in_the_browser_while_training_runs(tmp_path):
                 ".textContent.includes('straggler: replica 1')",
                 timeout=60,
             )
+            caption = page.page.locator(".nd-dashboard .nd-reductions-caption").first.inner_text()
+            assert "latency-bound (messages under 64 KiB): median " in caption, caption
+            assert "MB/s" not in caption  # no bandwidth made up from 4-byte messages
             _shoot(page, tmp_path, "dashboard-reductions")
             page.page.evaluate(  # the notebook from the `%dist dashboard` cell down
                 "() => document.querySelectorAll('.jp-Notebook .jp-Cell')[1]"
@@ -186,6 +233,14 @@ def test_dashboard_updates_in_the_browser_while_training_runs(tmp_path):
             _shoot(page, tmp_path, "dashboard-notebook", dashboard_only=False)
             _show_view(page, "Training")
             page.wait_until(_IMAGE_SRC, _image_index(page, "Training"), timeout=60)
+            # The replica check (every 100 optimizer steps on the engines) found the
+            # parameters identical; the losses, different on different data, say nothing.
+            line = page.wait_until(
+                f"() => {{ const t = ({_SUMMARY})(); return t.includes('replicas identical')"
+                " && t; }",
+                timeout=180,
+            ).json_value()
+            assert "diverge" not in line, line
             _shoot(page, tmp_path, "dashboard-training")
             _show_view(page, "Engines")
             _shoot(page, tmp_path, "dashboard-engines")
@@ -215,6 +270,25 @@ def test_dashboard_updates_in_the_browser_while_training_runs(tmp_path):
 
             page.run_cell(3)
             page.wait_for_text("Cluster stopped", timeout=120)
+            # The dashboard's output is now its last state as a picture (saved with the
+            # notebook), not an empty output.
+            page.wait_until(
+                "() => !document.querySelector('.nd-dashboard') && (() => {"
+                " const out = document.querySelectorAll('.jp-Notebook .jp-Cell')[1]"
+                ".querySelector('.jp-OutputArea img');"
+                " return out && out.naturalWidth >= 700; })()",
+                timeout=60,
+            )
+            # the picture is about as tall as the notebook's view: a taller window for the
+            # shot, so that the bars above the notebook cover none of it
+            page.page.set_viewport_size({"width": 1400, "height": 1500})
+            output = page.page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea")
+            output.scroll_into_view_if_needed(timeout=30_000)
+            stopped = tmp_path / "dashboard-stopped.png"
+            output.screenshot(path=str(stopped), timeout=30_000)
+            assert stopped.stat().st_size > 20_000
+            for folder in [pathlib.Path(SHOTS)] * bool(SHOTS) + [IMAGES] * UPDATE_IMAGES:
+                shutil.copyfile(stopped, folder / stopped.name)
     finally:
         flag.write_text("stop\n")  # whatever happened, the training loop ends
     assert_processes_gone(started, deadline_s=30)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nbdist.telemetry import CollectiveRecord, StepRecord
 from nbdist.timeline import blame, step_split, straggler
 from nbdist.widgets._data import _common_tails, _merge_collectives
 
@@ -12,9 +13,10 @@ def _engine(rank: int, lag: float, count: int, sent: int) -> dict:
     """One engine's telemetry as its feed carries it: the first `sent` of `count` collectives
     and steps (its newest records not sent yet), arriving `lag` s after each step starts."""
     collectives = [
-        ("all_reduce:MEAN", 64, "gloo", (rank,), k + lag, 0.15 - lag, (0.0,)) for k in range(count)
+        CollectiveRecord("all_reduce:MEAN", 64, "gloo", (rank,), k + lag, 0.15 - lag, (0.0,))
+        for k in range(count)
     ]
-    steps = [((rank,), float(k), 0.2) for k in range(count)]
+    steps = [StepRecord((rank,), float(k), 0.2) for k in range(count)]
     return {
         "collectives": collectives[:sent],
         "appended": sent,
@@ -28,11 +30,12 @@ def test_feeds_sent_at_different_moments_pair_the_same_collective():
     telemetry = [_engine(0, 0.0, 10, 10), _engine(1, 0.1, 10, 8)]
     merged = _merge_collectives(_common_tails(telemetry, "collectives", "appended"))
     assert len(merged) == 8
-    for k, (_, _, _, replicas, start, duration, waits) in enumerate(merged):
-        assert replicas == (0, 1)
-        assert start == pytest.approx(k)
-        assert duration == pytest.approx(0.15)
-        assert waits == pytest.approx((0.1, 0.0))  # replica 0 waited 100 ms for replica 1
+    for k, record in enumerate(merged):
+        assert isinstance(record, CollectiveRecord)
+        assert record.replicas == (0, 1)
+        assert record.start == pytest.approx(k)
+        assert record.duration == pytest.approx(0.15)
+        assert record.waits == pytest.approx((0.1, 0.0))  # replica 0 waited 100 ms for replica 1
     assert straggler(merged) == 1
     assert blame(merged)[1] == pytest.approx(0.8)
 

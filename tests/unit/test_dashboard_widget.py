@@ -50,13 +50,13 @@ def trained():
 def test_views_show_two_replicas_records_curves_and_placement(trained):
     _, model, board = trained
     data = board.data
-    assert [e["replica"] for e in data["engines"]] == [0, 1]
+    assert [e.replica for e in data.engines] == [0, 1]
     assert set(board.engines.states.values()) == {"alive"}
     param_bytes = {p.numel() * p.element_size() for p in model.parameters()}
-    assert param_bytes <= {r[1] for r in data["collectives"]}  # one all-reduce per gradient
+    assert param_bytes <= {r.nbytes for r in data.collectives}  # one all-reduce per gradient
     assert set(board.training.curves["loss"]) == {0, 1}
     assert len(board.training.curves["loss"][1][0]) == 12
-    held = sum(r["bytes"] for r in data["holdings"][0] if r["kind"] == "parameters")
+    held = sum(r["bytes"] for r in data.holdings[0] if r["kind"] == "parameters")
     assert held == sum(p.numel() * p.element_size() for p in model.parameters())
     assert "model" in board.placement.widget.value
     assert len(board.reductions.image.value) > 10_000  # a PNG was drawn
@@ -109,7 +109,7 @@ def test_dashboard_before_any_cluster_shows_the_default_strategy_and_says_how_to
     board = nd.dashboard()
     try:
         assert "%dist start" in board.engines.widget.value
-        assert len(board.data["engines"]) == 1
+        assert len(board.data.engines) == 1
     finally:
         board.close()
 

@@ -7,42 +7,46 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
+from nbdist.metrics import MetricRecord
+from nbdist.telemetry import ReplicaCheck
 from nbdist.widgets._canvas import new_figure
+from nbdist.widgets._data import DashboardData
 from nbdist.widgets.training import TrainingView, draw_training
 
 
-def _metrics(values_per_replica: dict[int, list[float]]) -> list[tuple]:
+def _metrics(values_per_replica: dict[int, list[float]]) -> list[MetricRecord]:
     return [
-        (replica, step, "loss", value, 1000.0 + step)
+        MetricRecord(replica, step, "loss", value, 1000.0 + step)
         for replica, values in values_per_replica.items()
         for step, value in enumerate(values)
     ]
 
 
-def _titles(data: dict) -> list[str]:
+def _titles(data: DashboardData) -> list[str]:
     fig = new_figure(9, 3.5)
     draw_training(fig, data)
     return [ax.get_title() for ax in fig.axes] + [t.get_text() for t in fig.texts]
 
 
 def test_different_losses_on_different_data_are_not_flagged():
-    data = {"metrics": _metrics({0: [1.0] * 12, 1: [2.0] * 12}), "replica_check": None}
+    data = DashboardData(metrics=_metrics({0: [1.0] * 12, 1: [2.0] * 12}))
     assert not any("diverge" in title for title in _titles(data))
 
 
 def test_failed_replica_check_is_flagged_even_with_equal_losses():
-    check = (2000.0, False, "The replicas' copies of 1 of 4 parameter(s) ...")
-    data = {"metrics": _metrics({0: [1.0] * 12, 1: [1.0] * 12}), "replica_check": check}
+    check = ReplicaCheck(2000.0, False, "The replicas' copies of 1 of 4 parameter(s) ...")
+    data = DashboardData(metrics=_metrics({0: [1.0] * 12, 1: [1.0] * 12}), replica_check=check)
     titles = _titles(data)
     assert "loss  ⚠ replicas diverge" in titles
     assert any("ReplicasDivergedError" in title for title in titles)
-    passed = {**data, "replica_check": (2001.0, True, "")}
+    passed = DashboardData(metrics=data.metrics, replica_check=ReplicaCheck(2001.0, True))
     assert not any("diverge" in title for title in _titles(passed))
 
 
 def test_view_redraws_when_only_the_check_changes():
     view = TrainingView()
-    data = {"metrics": _metrics({0: [1.0] * 3, 1: [1.0] * 3}), "replica_check": None}
+    data = DashboardData(metrics=_metrics({0: [1.0] * 3, 1: [1.0] * 3}))
     assert view.update(data) is True
     assert view.update(data) is False
-    assert view.update({**data, "replica_check": (5.0, False, "differ")}) is True
+    diverged = DashboardData(metrics=data.metrics, replica_check=ReplicaCheck(5.0, False, "x"))
+    assert view.update(diverged) is True

@@ -27,6 +27,10 @@ __all__ = ["FEED_KEY", "engine_snapshot", "feed_message", "start_publisher"]
 
 FEED_KEY = "nbdist_feed"
 _PUBLISH_S = 0.5
+"""At most one feed message per this many seconds."""
+_LOOK_S = 0.1
+"""How often the thread looks for new records: the first records after a quiet spell (a cell
+starting) go out within this, not after a whole `_PUBLISH_S` (the dashboard's first chart)."""
 _TAIL = 1_000  # newest records sent per message (a slower reader can miss older ones)
 _publisher: dict[str, Any] = {"thread": None}
 
@@ -112,10 +116,15 @@ def start_publisher() -> None:
     def loop() -> None:
         last: tuple = ()
         note: str | None = None
+        sent = 0.0
         while True:
-            time.sleep(_PUBLISH_S)  # a pace, not a synchronisation
+            time.sleep(_LOOK_S)  # a pace, not a synchronisation
+            if time.monotonic() - sent < _PUBLISH_S:
+                continue
             try:
-                last = _publish_once(last)
+                now = _publish_once(last)
+                if now != last:
+                    last, sent = now, time.monotonic()
                 note = _publish_interrupt_note(note)
             except Exception:  # no kernel (plain process) or a closed socket: stay quiet
                 time.sleep(5 * _PUBLISH_S)
