@@ -238,7 +238,7 @@ class ClusterSource:
         from nbdist.cluster.feed import live_updates
 
         times = tuple(sorted((f["rank"], f["time"]) for f in live_updates(self.cluster)))
-        return times, sum(len(r) for r in list(self.cluster._inflight.values()))
+        return times, sum(len(r) for r in self.cluster.inflight().values())
 
     def _status(self, in_thread: bool) -> list[Any]:
         from nbdist.cluster.processes import pid_alive
