@@ -55,11 +55,11 @@ def test_the_message_names_the_cause_first(cluster):
     ), lines
     assert lines.index(released[0]) > 0
     assert 'raise ZeroDivisionError("replica one divides by zero")' in message
-    for internal in ("torch_dist.py", "distributed_c10d", "GLHF", "Connection closed",
+    for internal in ("nbdist/collectives/", "distributed_c10d", "GLHF", "Connection closed",
                      "WorkerLostError"):  # fmt: skip
         assert internal not in message, internal
     # Everything left out is in `details`: replica 0's nbdist frames and gloo's error.
-    assert "torch_dist.py" in error.details and "WorkerLostError" in error.details
+    assert "nbdist/collectives/" in error.details and "WorkerLostError" in error.details
     assert "Connection closed" in error.details
     assert cluster.broken is None and cluster.repaired is not None
     # A later call that succeeds: the repair is history (what `%dist status` shows).

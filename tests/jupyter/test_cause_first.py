@@ -28,7 +28,7 @@ NBDIST_DIR = os.path.dirname(os.path.abspath(nbdist.__file__))
 INTERNAL = (
     NBDIST_DIR,
     f"{os.sep}torch{os.sep}",
-    "torch_dist.py",
+    "nbdist/collectives/",
     "save_restore.py",
     "GLHF",
     "Connection closed",
@@ -137,7 +137,7 @@ def test_dist_traceback_prints_every_frame(notebook):
     # the last error's (cell In[3]) full tracebacks: replica 0's chained gloo error and
     # nbdist's frames, replica 1's error
     assert "--- replica 0 (engine 0" in text and "(a consequence)" in text
-    assert "torch_dist.py" in text and "WorkerLostError" in text
+    assert "nbdist/collectives/" in text and "WorkerLostError" in text
     assert "--- replica 1 (engine 1" in text
     assert "ZeroDivisionError: [replica 1 of 2] division by zero" in text
 

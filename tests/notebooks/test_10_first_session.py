@@ -30,7 +30,7 @@ UPDATE_IMAGES = os.environ.get("NBDIST_UPDATE_DOC_IMAGES") == "1"  # else the tr
 DOC_IMAGES = {'desc="warming up"': "notebook-progress.png",
               "1 / 0": "notebook-collective-error.png"}  # fmt: skip
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-INTERNAL = ("torch_dist.py", "reduction.py", "multi_worker.py", "distributed_c10d", "_pytree",
+INTERNAL = ("nbdist/collectives/", "reduction.py", "multi_worker.py", "distributed_c10d", "_pytree",
             "site-packages", "GLHF", "Connection closed by peer")  # fmt: skip
 
 
