@@ -260,7 +260,7 @@ class ParameterServerStrategy(Strategy):
             from nbdist.strategies.parameter_server import optimizers
 
             chief = self._chief_optimizer(obj)
-            if optimizers.load(chief, self._client):
+            if optimizers.load(chief, self.store.client):
                 self._slots_complete.add(chief.oid)
             return obj
         with torch.no_grad():
@@ -276,7 +276,7 @@ class ParameterServerStrategy(Strategy):
             from nbdist.strategies.parameter_server import optimizers
 
             chief = self._chief_optimizer(obj)
-            optimizers.store(chief, self._client, overwrite=True)
+            optimizers.store(chief, self.store.client, overwrite=True)
             if all(obj.state.get(p) for p, _ in chief.params):
                 self._slots_complete.add(chief.oid)
             return obj
