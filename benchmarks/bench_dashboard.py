@@ -40,8 +40,8 @@ import time
 import torch
 
 import nbdist as nd
-from nbdist.metrics import metric_log
-from nbdist.telemetry import CollectiveRecord, StepRecord
+from nbdist.telemetry.metrics import metric_log
+from nbdist.telemetry.records import CollectiveRecord, StepRecord
 from nbdist.widgets._data import DashboardData
 from nbdist.widgets.dashboard import Dashboard
 from nbdist.widgets.reductions import ReductionsView
@@ -140,7 +140,7 @@ def redraw(trials: int) -> dict:
     """Redraw times of the reductions view: 10k records; 1M records recorded through a
     strategy's telemetry (kept: 10k, the rest folded) then collected and drawn; and 1M raw
     records handed to the view at once."""
-    from nbdist.telemetry import now
+    from nbdist.telemetry.records import now
     from nbdist.widgets._canvas import new_figure, png_bytes
     from nbdist.widgets._data import LocalSource
 

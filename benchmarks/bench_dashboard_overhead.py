@@ -56,7 +56,7 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
 
     import nbdist as nd
     from nbdist.cluster.engine_side.publisher import _PUBLISH_S, feed_message
-    from nbdist.metrics import metric_log
+    from nbdist.telemetry.metrics import metric_log
     from nbdist.widgets import Dashboard
 
     strategy = nd.MultiWorkerMirroredStrategy()

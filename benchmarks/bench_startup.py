@@ -132,11 +132,12 @@ print(json.dumps({"load": load, "ready": ready - begin, "first_cell": done - beg
 _GUARD = """
 import json, subprocess, sys
 controller = subprocess.run([sys.executable, "-c",
-    "import sys, nbdist.cluster._controller_main, nbdist.cluster.parent_watch; "
+    "import sys, nbdist.cluster.launch._controller_main, nbdist.cluster.launch.parent_watch; "
     "print([m for m in ('torch', 'ipyparallel', 'IPython') if m in sys.modules])"],
     capture_output=True, text=True, check=True).stdout.strip()
 engine = subprocess.run([sys.executable, "-c",
-    "import sys, torch, nbdist.cluster.engine_side.joining, nbdist.cluster.engine_side.calls; "
+    "import sys, torch, nbdist.cluster.engine_side.joining, "
+    "nbdist.cluster.engine_side.entry_points; "
     "print(int('torch._dynamo' in sys.modules))"],
     capture_output=True, text=True, check=True).stdout.strip()
 print(json.dumps({"controller": eval(controller), "engine_dynamo": int(engine)}))

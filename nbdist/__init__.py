@@ -21,17 +21,29 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+from nbdist import _moved  # noqa: F401  old import paths the docs showed (one release)
 from nbdist._extension import load_ipython_extension, unload_ipython_extension
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` imports
-    from nbdist import checkpoint, cluster_resolver, datasets, debug, errors, experimental
-    from nbdist.cluster import Cluster, RemoteError, remote
+    from nbdist import checkpoint, cluster_resolver, debug, errors, experimental
+    from nbdist.app import datasets
+    from nbdist.cluster import Cluster, RemoteError
+    from nbdist.cluster import engine_strategy as remote
     from nbdist.cluster_resolver import ClusterSpec
-    from nbdist.cross_device_ops import (
+    from nbdist.core.reduce.cross_device import (
         CrossDeviceOps,
         HierarchicalCopyAllReduce,
         NcclAllReduce,
         ReductionToOneDevice,
+    )
+    from nbdist.core.reduce.op import ReduceOp
+    from nbdist.core.values import DistributedValues, Mirrored, PerReplica
+    from nbdist.core.variables import (
+        MirroredVariable,
+        SyncOnReadVariable,
+        Variable,
+        VariableAggregation,
+        VariableSynchronization,
     )
     from nbdist.errors import (
         CheckpointError,
@@ -51,8 +63,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
         InputOptions,
         InputReplicationMode,
     )
-    from nbdist.metrics import log, progress
-    from nbdist.reduce import ReduceOp
     from nbdist.strategies import (
         CentralStorageStrategy,
         MirroredStrategy,
@@ -73,19 +83,12 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
         in_cross_replica_context,
     )
     from nbdist.strategies.losses import compute_average_loss, scale_regularization_loss
-    from nbdist.values import DistributedValues, Mirrored, PerReplica
-    from nbdist.variables import (
-        MirroredVariable,
-        SyncOnReadVariable,
-        Variable,
-        VariableAggregation,
-        VariableSynchronization,
-    )
+    from nbdist.telemetry.metrics import log, progress
 
 _LAZY: dict[str, str] = {
     "checkpoint": "nbdist.checkpoint",  # a subpackage
     "cluster_resolver": "nbdist.cluster_resolver",  # a subpackage
-    "datasets": "nbdist.datasets",  # a subpackage
+    "datasets": "nbdist.app.datasets",  # a subpackage
     "debug": "nbdist.debug",  # a subpackage
     "errors": "nbdist.errors",  # a subpackage
     "experimental": "nbdist.experimental",  # a subpackage
@@ -93,10 +96,10 @@ _LAZY: dict[str, str] = {
     "RemoteError": "nbdist.cluster.errors",
     "remote": "nbdist.cluster.refs",
     "ClusterSpec": "nbdist.cluster_resolver",
-    "CrossDeviceOps": "nbdist.cross_device_ops",
-    "HierarchicalCopyAllReduce": "nbdist.cross_device_ops",
-    "NcclAllReduce": "nbdist.cross_device_ops",
-    "ReductionToOneDevice": "nbdist.cross_device_ops",
+    "CrossDeviceOps": "nbdist.core.reduce.cross_device",
+    "HierarchicalCopyAllReduce": "nbdist.core.reduce.cross_device",
+    "NcclAllReduce": "nbdist.core.reduce.cross_device",
+    "ReductionToOneDevice": "nbdist.core.reduce.cross_device",
     "CheckpointError": "nbdist.errors",
     "CollectiveMismatchError": "nbdist.errors",
     "CollectiveTimeoutError": "nbdist.errors",
@@ -111,9 +114,9 @@ _LAZY: dict[str, str] = {
     "InputContext": "nbdist.input",
     "InputOptions": "nbdist.input",
     "InputReplicationMode": "nbdist.input",
-    "log": "nbdist.metrics",
-    "progress": "nbdist.metrics",
-    "ReduceOp": "nbdist.reduce",
+    "log": "nbdist.telemetry.metrics",
+    "progress": "nbdist.telemetry.metrics",
+    "ReduceOp": "nbdist.core.reduce.op",
     "CentralStorageStrategy": "nbdist.strategies",
     "MirroredStrategy": "nbdist.strategies",
     "MultiWorkerMirroredStrategy": "nbdist.strategies",
@@ -131,14 +134,14 @@ _LAZY: dict[str, str] = {
     "in_cross_replica_context": "nbdist.strategies.current",
     "compute_average_loss": "nbdist.strategies.losses",
     "scale_regularization_loss": "nbdist.strategies.losses",
-    "DistributedValues": "nbdist.values",
-    "Mirrored": "nbdist.values",
-    "PerReplica": "nbdist.values",
-    "MirroredVariable": "nbdist.variables",
-    "SyncOnReadVariable": "nbdist.variables",
-    "Variable": "nbdist.variables",
-    "VariableAggregation": "nbdist.variables",
-    "VariableSynchronization": "nbdist.variables",
+    "DistributedValues": "nbdist.core.values",
+    "Mirrored": "nbdist.core.values",
+    "PerReplica": "nbdist.core.values",
+    "MirroredVariable": "nbdist.core.variables",
+    "SyncOnReadVariable": "nbdist.core.variables",
+    "Variable": "nbdist.core.variables",
+    "VariableAggregation": "nbdist.core.variables",
+    "VariableSynchronization": "nbdist.core.variables",
 }
 
 

@@ -68,7 +68,8 @@ PRIVATE_NAMES: dict[str, str] = {
     "_controller_main.py) to write connection files atomically: ipyparallel writes them in "
     "place and engines polling for them can read half a file; there is no setting for it",
     "ipyparallel HeartMonitor.start/beat, its caller, hearts and on_probation": "wrapped "
-    "(nbdist/cluster/_controller_main.py) to beat every 50 ms until every engine registered: "
+    "(nbdist/cluster/launch/_controller_main.py) to beat every 50 ms until every engine "
+    "registered: "
     "the controller finishes a registration only at a heartbeat, and its period is fixed",
     "torch._C._dynamo.eval_frame.get_eval_frame_callback": "whether Dynamo watches Python "
     "frames now (a compiled function is running); torch.compiler.is_compiling() is True only "

@@ -297,6 +297,11 @@ class NbdistWarning(UserWarning):
     """
 
 
+class MovedModuleWarning(NbdistWarning, DeprecationWarning):
+    """An old import path of a module that moved in the package's re-layout: it still works for
+    one release; import from the new path it names (docs/architecture.md lists them)."""
+
+
 class CheckpointStateWarning(NbdistWarning, RuntimeWarning):
     """A checkpoint directory's state file cannot be read, or names a checkpoint that does not
     exist: it is ignored (as TensorFlow ignores it) and no earlier checkpoint is known."""

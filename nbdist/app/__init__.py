@@ -9,7 +9,7 @@
 Front-end layer. Importing this package starts nothing.
 
 Example:
-    >>> from nbdist.datasets import load_digits
+    >>> from nbdist.app.datasets import load_digits
     >>> load_digits().x_train.shape
     torch.Size([1437, 64])
 """

@@ -1,5 +1,5 @@
-"""The digits data set bundled with nbdist, for the demo: `nbdist.datasets` is its public home
-(`nd.datasets.load_digits()`); this module re-exports it for the demo's code.
+"""The digits data set bundled with nbdist, for the demo: `nbdist.app.datasets` is its public home
+(`nd.app.datasets.load_digits()`); this module re-exports it for the demo's code.
 
 Example:
     >>> load_digits(seed=0).x_train.shape
@@ -8,6 +8,6 @@ Example:
 
 from __future__ import annotations
 
-from nbdist.datasets import Digits, load_digits, raw_digits
+from nbdist.app.datasets import Digits, load_digits, raw_digits
 
 __all__ = ["Digits", "load_digits", "raw_digits"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from nbdist.datasets import load_digits
+from nbdist.app.datasets import load_digits
 
 __all__ = ["build_model", "dataset_fn", "evaluate", "train_steps"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from nbdist.datasets import load_digits
+from nbdist.app.datasets import load_digits
 
 __all__ = [
     "GLOBAL_BATCH_SIZE",

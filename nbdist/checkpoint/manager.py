@@ -15,7 +15,7 @@ With several workers every worker calls `save` (as with `nd.checkpoint.save`): t
 checkpoints before any worker returns; every worker keeps the same list in memory. Inside
 `strategy.run` of an in-process strategy the replicas wait while it runs once.
 
-Imports the other nbdist.checkpoint modules, nbdist.context and nbdist.errors.
+Imports the other nbdist.checkpoint modules, nbdist.core.context and nbdist.errors.
 
 Example:
     >>> import os, tempfile, torch
@@ -38,7 +38,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from nbdist import context
 from nbdist.checkpoint.fileformat import file_in_the_way
 from nbdist.checkpoint.save_restore import (
     _in_replica_threads,
@@ -49,6 +48,7 @@ from nbdist.checkpoint.save_restore import (
 )
 from nbdist.checkpoint.state_file import CheckpointState, read_state, write_state
 from nbdist.checkpoint.workers import Workers
+from nbdist.core import context
 from nbdist.errors import (
     ArgumentTypeError,
     CheckpointError,

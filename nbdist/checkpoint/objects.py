@@ -17,7 +17,7 @@ Each object given to `nd.checkpoint.save` becomes one entry `{"kind", "type", "s
 
 `check` runs before anything is restored, so an entry that does not fit (another model's
 parameters, an optimizer of other parameter groups) changes nothing. Imports nbdist.errors,
-nbdist.input and nbdist.variables.
+nbdist.input and nbdist.core.variables.
 
 Example:
     >>> entry = capture("w", torch.zeros(2))
@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
+from nbdist.core.variables import Variable
 from nbdist.errors import CheckpointMismatchError, CheckpointTypeError
 from nbdist.input import DistributedDataset, DistributedIterator
-from nbdist.variables import Variable
 
 __all__ = ["apply", "capture", "check", "kind_of"]
 

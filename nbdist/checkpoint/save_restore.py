@@ -3,7 +3,7 @@
 Every worker calls `save` and `restore` with the same names; one writes (Note [One writer,
 every worker told] in nbdist.checkpoint.workers), each reads. A restore checks every object
 against the checkpoint before it changes any, so a checkpoint that does not fit leaves every
-object as it was. Imports the other nbdist.checkpoint modules and nbdist.context.
+object as it was. Imports the other nbdist.checkpoint modules and nbdist.core.context.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from nbdist import context
 from nbdist.checkpoint.fileformat import load, payload, write_atomic
 from nbdist.checkpoint.objects import apply, capture, check
 from nbdist.checkpoint.workers import Workers
+from nbdist.core import context
 from nbdist.errors import CheckpointError, CheckpointMismatchError, CheckpointTypeError
 from nbdist.input import DistributedIterator
 

@@ -10,7 +10,7 @@ worker, within the strategy's collective timeout; never a hang, never one worker
 with other state. In one process (no strategy, or an in-process strategy) the caller is the
 only worker.
 
-Imports nbdist.context, nbdist.errors and nbdist.strategies.
+Imports nbdist.core.context, nbdist.errors and nbdist.strategies.
 
 Example:
     >>> workers = Workers.for_objects({})
@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from nbdist import context, errors
+from nbdist import errors
+from nbdist.core import context
+from nbdist.core.variables import DistributedVariable
 from nbdist.errors import CheckpointError
 from nbdist.strategies.multi_worker import live_multi_worker_strategy
-from nbdist.variables import DistributedVariable
 
 __all__ = ["Workers", "position_disagreement"]
 

@@ -17,6 +17,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from nbdist.cluster.engine_strategy import EngineStrategy
     from nbdist.cluster.engines import Cluster
     from nbdist.cluster.errors import (
         ClusterInterrupted,
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
         SerializationError,
     )
     from nbdist.cluster.refs import RemoteRef, remote
-    from nbdist.cluster.remote import EngineStrategy
     from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 
 _LAZY: dict[str, str] = {
@@ -44,7 +44,7 @@ _LAZY: dict[str, str] = {
     "RemoteFailure": "nbdist.cluster.errors",
     "RemoteNameError": "nbdist.cluster.errors",
     "SerializationError": "nbdist.cluster.errors",
-    "EngineStrategy": "nbdist.cluster.remote",
+    "EngineStrategy": "nbdist.cluster.engine_strategy",
     "RemoteRef": "nbdist.cluster.refs",
     "remote": "nbdist.cluster.refs",
     "EngineInfo": "nbdist.cluster.status",
@@ -55,7 +55,7 @@ _LAZY: dict[str, str] = {
 
 class _Package(types.ModuleType):
     """This package's module: its name `remote` is always the function `remote`, never the
-    submodule `nbdist.cluster.remote` that Python binds there when it is imported (eagerly
+    submodule `nbdist.cluster.engine_strategy` that Python binds there when it is imported (eagerly
     imported, the name was rebound right after; lazily, it must not be bound at all)."""
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 from nbdist._private_api import client_location
 from nbdist.cluster.engine_side import joining
 from nbdist.cluster.errors import ClusterStartError
-from nbdist.cluster.launchers import IpyparallelSettings, probe_hosts
-from nbdist.cluster.lockdown import private_dirs, private_files
-from nbdist.cluster.startup import (
+from nbdist.cluster.launch.launchers import IpyparallelSettings, probe_hosts
+from nbdist.cluster.launch.lockdown import private_dirs, private_files
+from nbdist.cluster.launch.startup import (
     launch_failure,
     probe_timeout,
     rank_engines,
     wait_all,
     wait_for_registration,
 )
+from nbdist.cluster.launch.stop_log import keep_crash_output
 from nbdist.cluster.status import EngineInfo
-from nbdist.cluster.stop_log import keep_crash_output
 
 if TYPE_CHECKING:
     from nbdist.cluster.engines import Cluster

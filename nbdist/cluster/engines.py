@@ -26,31 +26,28 @@ from typing import Any, ClassVar
 
 from nbdist.cluster import _wire, bringup
 from nbdist.cluster import stacks as engine_stacks
-from nbdist.cluster.calls import call_engines
-from nbdist.cluster.engine_side import calls as entries
+from nbdist.cluster.engine_calls import call_engines
+from nbdist.cluster.engine_side import entry_points as entries
+from nbdist.cluster.engine_strategy import EngineStrategy, _has_distributed, _scatter
 from nbdist.cluster.errors import (
     ClusterInterrupted,
     ClusterStartError,
     ClusterStoppedError,
     EngineTimeoutError,
 )
-from nbdist.cluster.launchers import ipyparallel_settings
-from nbdist.cluster.plan import LaunchPlan, make_plan, with_communication
-from nbdist.cluster.processes import ProcessSet, pid_alive
-from nbdist.cluster.remote import EngineStrategy, _has_distributed, _scatter
+from nbdist.cluster.launch.launchers import ipyparallel_settings
+from nbdist.cluster.launch.plan import LaunchPlan, make_plan, with_communication
+from nbdist.cluster.launch.processes import ProcessSet, pid_alive
+from nbdist.cluster.launch.startup import output_tail, quiet
+from nbdist.cluster.launch.stop_log import launchers_of, quiet_stop_log, write_log
 from nbdist.cluster.sigint import interrupts_deferred
 from nbdist.cluster.start_report import StartClock, StartReport
-from nbdist.cluster.startup import (
-    output_tail,
-    quiet,
-)
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
-from nbdist.cluster.stop_log import launchers_of, quiet_stop_log, write_log
 from nbdist.cluster.turns import CallGuard
-from nbdist.communication import CommunicationOptions
+from nbdist.core.reduce.options import CommunicationOptions
+from nbdist.core.values import PerReplica
 from nbdist.debug.stacks import ReplicaStack
 from nbdist.errors import InvalidArgumentError
-from nbdist.values import PerReplica
 
 __all__ = ["Cluster"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from nbdist.cluster.engines import Cluster
 from nbdist.cluster.errors import EngineTimeoutError
+from nbdist.cluster.launch.startup import wait_all
 from nbdist.cluster.ps_dispatch import EngineChannel
-from nbdist.cluster.startup import wait_all
 from nbdist.cluster.status import EngineInfo
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbdist.cluster.engine_side import health
 from nbdist.cluster.errors import ClusterUnusableError
-from nbdist.cluster.plan import LaunchPlan
+from nbdist.cluster.launch.plan import LaunchPlan
 from nbdist.cluster.replies import interrupt_note, reply_ok
 from nbdist.cluster.status import EngineInfo, StatusTable
 from nbdist.errors import BusyError, WorkerLostError

@@ -31,7 +31,7 @@ declines) runs the same collective. Used only while the gathered rows fit `GATHE
 (past it the all-reduce's fewer bytes win over its extra steps). The measurements behind
 `GATHER_BYTES`: benchmarks/results/recorded/small-agreed-all-reduces-gather.json
 (`benchmarks/bench_user_collective.py`).
-Imports only torch and nbdist.reduce.
+Imports only torch and nbdist.core.reduce.op.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from nbdist.reduce import ReduceOp
+from nbdist.core.reduce.op import ReduceOp
 
 __all__ = [
     "GATHER_BYTES",

@@ -58,8 +58,8 @@ from nbdist.collectives.signatures import SIGNATURE_WIDTH as _SIGNATURE_WIDTH
 from nbdist.collectives.signatures import describe as _describe
 from nbdist.collectives.signatures import rows_agree as _rows_agree
 from nbdist.collectives.signatures import signature as _signature
+from nbdist.core.reduce.op import ReduceOp, refuse_bool
 from nbdist.errors import CollectiveMismatchError
-from nbdist.reduce import ReduceOp, refuse_bool
 
 __all__ = ["AllReducePaths"]
 

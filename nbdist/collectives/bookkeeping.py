@@ -28,7 +28,7 @@ from typing import Any
 
 from nbdist.collectives.recorder import CollectiveRecorder, call_site
 from nbdist.errors import WorkerLostError
-from nbdist.telemetry import Telemetry
+from nbdist.telemetry.records import Telemetry
 
 __all__ = ["Bookkeeping", "shape_of"]
 

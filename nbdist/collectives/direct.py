@@ -1,6 +1,6 @@
 """How nbdist starts an all-reduce on the process group itself (Note [Direct all-reduce]) and
 what the hot path of an agreed layout keeps ready (Note [Prepared layouts]). Imports torch,
-nbdist.reduce and nbdist.collectives.agreed only.
+nbdist.core.reduce.op and nbdist.collectives.agreed only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from nbdist.collectives import agreed
-from nbdist.reduce import ReduceOp
+from nbdist.core.reduce.op import ReduceOp
 
 __all__ = [
     "DIST_OPS",

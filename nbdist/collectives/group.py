@@ -35,7 +35,7 @@ from nbdist.collectives.liveness import Liveness
 from nbdist.collectives.recorder import CollectiveRecorder
 from nbdist.collectives.store import connect_store
 from nbdist.errors import RendezvousError
-from nbdist.telemetry import Telemetry
+from nbdist.telemetry.records import Telemetry
 
 __all__ = ["GroupLifecycle"]
 

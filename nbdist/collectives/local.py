@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from nbdist.errors import CollectiveMismatchError, CollectiveTimeoutError, ReplicaReleasedError
-from nbdist.telemetry import Telemetry
+from nbdist.telemetry.records import Telemetry
 
 __all__ = ["LocalGroup"]
 

@@ -1,7 +1,7 @@
 """The signature row of a checked collective (Note [Checked collectives] in `torch_dist`): a
 fixed-size int64 row that says which collective a rank calls and with which shapes and dtypes,
 so that one small all-gather lets every rank compare every rank's call and all raise the same
-clear error. Imports only torch and nbdist.reduce.
+clear error. Imports only torch and nbdist.core.reduce.op.
 
 Example:
     >>> import torch
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nbdist.reduce import ReduceOp
+from nbdist.core.reduce.op import ReduceOp
 
 __all__ = ["DIMS", "SIGNATURE_WIDTH", "describe", "rows_agree", "signature"]
 

@@ -1,6 +1,6 @@
 """TensorFlow's `tf.distribute.experimental` names."""
 
-from nbdist.communication import CommunicationImplementation, CommunicationOptions
+from nbdist.core.reduce.options import CommunicationImplementation, CommunicationOptions
 from nbdist.experimental import coordinator, partitioners
 from nbdist.input import ValueContext
 from nbdist.strategies.central_storage import CentralStorageStrategy

@@ -3,7 +3,8 @@
 
 Strategies call these two functions with their local devices and worker position; users reach
 them as `strategy.experimental_distribute_dataset` and
-`strategy.distribute_datasets_from_function`. Imports nbdist.values, nbdist.devices and the
+`strategy.distribute_datasets_from_function`. Imports nbdist.core.values, nbdist.core.devices and
+the
 other nbdist.input modules.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from nbdist.devices import canonical_devices, physical_device
+from nbdist.core.devices import canonical_devices, physical_device
 from nbdist.errors import CheckpointMismatchError
 from nbdist.input.contexts import InputContext, _count
 from nbdist.input.errors import (

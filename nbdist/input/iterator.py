@@ -3,7 +3,7 @@
 Built by `iter(DistributedDataset)` (nbdist.input.dataset). It moves each step's batches to
 the replicas' devices (reading ahead on CUDA), gives them as `PerReplica` values, and counts
 its position (nbdist.input.position) so that checkpoints can save and restore it. Imports
-nbdist.values, nbdist.errors and the other nbdist.input modules.
+nbdist.core.values, nbdist.errors and the other nbdist.input modules.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from nbdist._private_api import pytree
+from nbdist.core.values import PerReplica
 from nbdist.errors import CheckpointError, CheckpointTypeError
 from nbdist.input.position import Position, Resume
 from nbdist.input.transfer import DeviceTransfer
-from nbdist.values import PerReplica
 
 __all__ = ["DistributedIterator"]
 

@@ -28,9 +28,9 @@ from nbdist.cluster import cell_names
 from nbdist.cluster.engine_side.cell import run_cell
 from nbdist.cluster.output import OutputPrinter
 from nbdist.cluster.supervisor import Call, supervise
+from nbdist.core.values import PerReplica
 from nbdist.magics._cell_printer import CellPrinter
 from nbdist.magics._modes import OUTPUT_MODES, PREFIXED_UP_TO
-from nbdist.values import PerReplica
 
 if TYPE_CHECKING:
     from nbdist.cluster.engines import Cluster

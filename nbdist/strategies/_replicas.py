@@ -25,10 +25,10 @@ from torch.optim.optimizer import (
 )
 from torch.overrides import TorchFunctionMode
 
-from nbdist import context
 from nbdist._private_api import queue_backward_callback, tensor_version
-from nbdist.devices import physical_device
-from nbdist.reduce import ReduceOp
+from nbdist.core import context
+from nbdist.core.devices import physical_device
+from nbdist.core.reduce.op import ReduceOp
 from nbdist.strategies._compiled import eager_between_graphs
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from nbdist.collectives.torch_dist import DistGroup
-from nbdist.cross_device_ops import CrossDeviceOps
-from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
-from nbdist.values import DistributedValues
+from nbdist.core.reduce.cross_device import CrossDeviceOps
+from nbdist.core.reduce.op import ReduceOp, as_reducible, refuse_bool
+from nbdist.core.values import DistributedValues
 
 __all__ = ["WorkerReduction"]
 

@@ -14,16 +14,16 @@ from typing import Any
 
 import torch
 
-from nbdist import context
 from nbdist._private_api import pytree
-from nbdist.communication import CommunicationOptions
-from nbdist.cross_device_ops import CrossDeviceOps
+from nbdist.core import context
+from nbdist.core.reduce.cross_device import CrossDeviceOps
+from nbdist.core.reduce.op import ReduceOp
+from nbdist.core.reduce.options import CommunicationOptions
+from nbdist.core.values import DistributedValues, regroup, select_replica
 from nbdist.errors import ArgumentTypeError, ContextError
-from nbdist.reduce import ReduceOp
 from nbdist.strategies.extended import StrategyExtended
 from nbdist.strategies.replica_context import ReplicaContext
-from nbdist.telemetry import Telemetry
-from nbdist.values import DistributedValues, regroup, select_replica
+from nbdist.telemetry.records import Telemetry
 
 __all__ = [
     "ReplicaContext",
@@ -194,7 +194,8 @@ class Strategy:
             check_run_options(options)
         kwargs = dict(kwargs) if kwargs else {}
         telemetry = self._telemetry
-        start = perf_counter()  # telemetry's clock (`nbdist.telemetry.now`), without a frame
+        # telemetry's clock (`nbdist.telemetry.records.now`), without a frame
+        start = perf_counter()
         # Mixing was checked above. A strategy whose one local replica runs in this thread
         # enters that replica's context here too (Note [Calls per collective]).
         tokens = context.set_strategy_context(self, self._replica_in_this_thread())
@@ -229,7 +230,7 @@ class Strategy:
             (tensor([3., 6.]), tensor(2.2500))
         """
         op = ReduceOp.from_value(reduce_op)
-        from nbdist import reduction
+        from nbdist.core.reduce import rules as reduction
 
         reduction.check_axis_argument(axis, "reduce", optional=True)
 
@@ -256,7 +257,7 @@ class Strategy:
             >>> s.gather(v, axis=0).shape
             torch.Size([2, 2])
         """
-        from nbdist import reduction
+        from nbdist.core.reduce import rules as reduction
 
         return pytree.tree_map(
             lambda leaf: reduction.gather_value(self.extended, leaf, axis),

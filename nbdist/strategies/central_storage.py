@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from nbdist.cross_device_ops import ReductionToOneDevice
-from nbdist.devices import canonical_device, canonical_devices, default_devices
+from nbdist.core.devices import canonical_device, canonical_devices, default_devices
+from nbdist.core.reduce.cross_device import ReductionToOneDevice
 from nbdist.strategies.local import LocalStrategy
 
 __all__ = ["CentralStorageStrategy"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from nbdist import context
+from nbdist.core import context
+from nbdist.core.reduce.op import ReduceOp
 from nbdist.errors import ArgumentTypeError
-from nbdist.reduce import ReduceOp
 from nbdist.strategies._compiled import collective_between_graphs
 from nbdist.strategies.base import ReplicaContext, Strategy
 from nbdist.strategies.one_device import DefaultStrategy

@@ -16,11 +16,15 @@ from typing import Any
 
 import torch
 
-from nbdist.communication import CommunicationOptions
-from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice, resolve_destinations
-from nbdist.placement import Placement
-from nbdist.reduce import ReduceOp
-from nbdist.telemetry import Telemetry
+from nbdist.core.reduce.cross_device import (
+    CrossDeviceOps,
+    ReductionToOneDevice,
+    resolve_destinations,
+)
+from nbdist.core.reduce.op import ReduceOp
+from nbdist.core.reduce.options import CommunicationOptions
+from nbdist.core.reduce.placement import Placement
+from nbdist.telemetry.records import Telemetry
 
 __all__ = ["StrategyExtended"]
 
@@ -91,7 +95,8 @@ class StrategyExtended:
         CentralStorage); None for the others (one replica per process)."""
         return self._strategy._replicas
 
-    # -- WorkerCommunication: the interface of the cross-replica rules (nbdist.placement) ----
+    # -- WorkerCommunication: the interface of the cross-replica rules
+    # (nbdist.core.reduce.placement) ----
     @property
     def placement(self) -> Placement:
         """Where the replicas compute and the variables live, on every worker."""
@@ -137,7 +142,7 @@ class StrategyExtended:
 
         Context: cross-replica (inside `run`, call it from a `merge_call` function).
         """
-        from nbdist import reduction
+        from nbdist.core.reduce import rules as reduction
 
         return reduction.reduce_to(self, reduce_op, value, destinations, options)
 
@@ -148,7 +153,7 @@ class StrategyExtended:
         options: Any = None,
     ) -> list[Any]:
         """Many `reduce_to` calls in one communication (tensors packed into buckets)."""
-        from nbdist import reduction
+        from nbdist.core.reduce import rules as reduction
 
         return reduction.batch_reduce_to(self, reduce_op, value_destination_pairs, options)
 
@@ -176,14 +181,14 @@ class StrategyExtended:
             With `group`, a `Mirrored` of the results (the result itself for one component);
             else the tuple of results.
         """
-        from nbdist import reduction
+        from nbdist.core.reduce import rules as reduction
 
         return reduction.update(self, var, fn, tuple(args), dict(kwargs or {}), group)
 
     @contextlib.contextmanager
     def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
         """Variables created inside land on the same devices as `colocate_with_variable`."""
-        from nbdist import variables
+        from nbdist.core import variables
 
         with variables.colocated_with(colocate_with_variable):
             yield

@@ -18,30 +18,15 @@ from typing import Any
 
 import torch
 
-from nbdist import context
 from nbdist._private_api import pytree
 from nbdist.collectives.local import LocalGroup
-from nbdist.communication import CommunicationOptions
-from nbdist.cross_device_ops import CrossDeviceOps, NcclAllReduce
-from nbdist.devices import physical_device
-from nbdist.errors import (
-    BusyError,
-    CollectiveMismatchError,
-    ContextError,
-    InvalidArgumentError,
-    ReplicaReleasedError,
-)
-from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
-from nbdist.strategies._compiled import (
-    ParameterInRunError,
-    clear_gradients_eagerly,
-    eager_between_graphs,
-    translate_compile_error,
-)
-from nbdist.strategies._replicas import ReplicaParameters
-from nbdist.strategies.base import ReplicaContext, Strategy, module_registration_hooks
-from nbdist.values import regroup, select_replica
-from nbdist.variables import (
+from nbdist.core import context
+from nbdist.core.devices import physical_device
+from nbdist.core.reduce.cross_device import CrossDeviceOps, NcclAllReduce
+from nbdist.core.reduce.op import ReduceOp, as_reducible, refuse_bool
+from nbdist.core.reduce.options import CommunicationOptions
+from nbdist.core.values import regroup, select_replica
+from nbdist.core.variables import (
     Variable,
     VariableAggregation,
     VariableSynchronization,
@@ -50,6 +35,21 @@ from nbdist.variables import (
     option_member,
     single_variable,
 )
+from nbdist.errors import (
+    BusyError,
+    CollectiveMismatchError,
+    ContextError,
+    InvalidArgumentError,
+    ReplicaReleasedError,
+)
+from nbdist.strategies._compiled import (
+    ParameterInRunError,
+    clear_gradients_eagerly,
+    eager_between_graphs,
+    translate_compile_error,
+)
+from nbdist.strategies._replicas import ReplicaParameters
+from nbdist.strategies.base import ReplicaContext, Strategy, module_registration_hooks
 
 __all__ = ["LocalStrategy"]
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from nbdist import context
+from nbdist.core import context
 from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError, NbdistWarning
 from nbdist.strategies.current import (
     get_replica_context,

@@ -31,12 +31,20 @@ from typing import Any
 
 import torch
 
-from nbdist import context
 from nbdist.cluster_resolver import ClusterResolver, TFConfigClusterResolver, resolve_cluster
 from nbdist.cluster_resolver.base import split_address
 from nbdist.collectives.torch_dist import DistGroup
-from nbdist.communication import CommunicationImplementation, CommunicationOptions
-from nbdist.devices import physical_device
+from nbdist.core import context
+from nbdist.core.devices import physical_device
+from nbdist.core.reduce.op import ReduceOp, as_reducible, refuse_bool
+from nbdist.core.reduce.options import CommunicationImplementation, CommunicationOptions
+from nbdist.core.values import select_replica
+from nbdist.core.variables import (
+    Variable,
+    VariableAggregation,
+    VariableSynchronization,
+    create_distributed_variable,
+)
 from nbdist.errors import (
     ArgumentTypeError,
     ClusterConfigError,
@@ -45,7 +53,6 @@ from nbdist.errors import (
     NbdistWarning,
     ReplicasDivergedError,
 )
-from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
 from nbdist.strategies._compiled import translate_compile_error
 from nbdist.strategies._grad_buckets import GradientBuckets
 from nbdist.strategies._live_workers import (
@@ -58,13 +65,6 @@ from nbdist.strategies._live_workers import (
 from nbdist.strategies._replica_check import differing, diverged_message, fingerprint
 from nbdist.strategies._worker_reduction import WorkerReduction
 from nbdist.strategies.base import ReplicaContext, Strategy, module_registration_hooks
-from nbdist.values import select_replica
-from nbdist.variables import (
-    Variable,
-    VariableAggregation,
-    VariableSynchronization,
-    create_distributed_variable,
-)
 
 __all__ = [
     "MultiWorkerMirroredStrategy",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nbdist.devices import canonical_device, physical_device
+from nbdist.core.devices import canonical_device, physical_device
 from nbdist.strategies.local import LocalStrategy
 
 __all__ = ["DefaultStrategy", "OneDeviceStrategy"]

@@ -11,9 +11,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbdist import context
+from nbdist.core import context
+from nbdist.core.reduce.op import RESOLVED_OPS, ReduceOp
 from nbdist.errors import ArgumentTypeError, ContextError
-from nbdist.reduce import RESOLVED_OPS, ReduceOp
 from nbdist.strategies._compiled import collective_between_graphs
 
 __all__ = ["ReplicaContext"]
@@ -87,7 +87,7 @@ class ReplicaContext:
         Context: replica. Hangs if: not every replica calls it (fails after the timeout).
         """
         if type(axis) is bool:  # `axis=True` is not axis 1
-            from nbdist.reduction import check_axis_argument
+            from nbdist.core.reduce.rules import check_axis_argument
 
             check_axis_argument(axis, "all_gather", optional=False)
         if _current_replica() is not self or not self._strategy.changes_context:
@@ -123,7 +123,7 @@ class ReplicaContext:
         TensorFlow's `require_replica_context`): it could never be matched, so it would wait
         until the timeout or pair with the wrong call. Also refuse the default context's
         collectives in a thread started inside an in-process replica function (Note [Threads
-        started in a replica] in `nbdist.context`)."""
+        started in a replica] in `nbdist.core.context`)."""
         current = _current_replica()
         default = not self._strategy.changes_context
         if current is self or (default and current is None and not context.in_merge_call()):

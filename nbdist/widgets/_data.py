@@ -5,7 +5,8 @@
 the telemetry's `snapshot()`, the metric log, what its namespace holds, its memory) to one
 builder, `build_data`, which lines several processes' records up and returns a `DashboardData`:
 the engines (`EngineRow`), collectives, steps, collectives in progress, marks, metrics (the
-named records of `nbdist.telemetry` and `nbdist.metrics`, wall-clock times), holdings and
+named records of `nbdist.telemetry.records` and `nbdist.telemetry.metrics`, wall-clock times),
+holdings and
 memory per replica, the newest replica check (Note [Replica check]) and a note for the user.
 """
 
@@ -19,9 +20,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nbdist.holdings import holdings, memory_in_use
-from nbdist.metrics import MetricRecord, metric_log
-from nbdist.telemetry import (
+from nbdist.telemetry.holdings import holdings, memory_in_use
+from nbdist.telemetry.metrics import MetricRecord, metric_log
+from nbdist.telemetry.records import (
     CollectiveRecord,
     Mark,
     PendingCollective,
@@ -105,7 +106,7 @@ def build_data(
     snapshots' is shown.
 
     Example:
-        >>> from nbdist.telemetry import Telemetry
+        >>> from nbdist.telemetry.records import Telemetry
         >>> t = Telemetry()
         >>> t.record("all_gather", 8, "local", (0, 1), 0.0, 0.5, (0.5, 0.0))
         >>> part = {"telemetry": t.snapshot(), "metrics": [], "holdings": [], "memory": None}
@@ -241,7 +242,7 @@ class ClusterSource:
         return times, sum(len(r) for r in self.cluster.inflight().values())
 
     def _status(self, in_thread: bool) -> list[Any]:
-        from nbdist.cluster.processes import pid_alive
+        from nbdist.cluster.launch.processes import pid_alive
         from nbdist.cluster.status import EngineStatus
 
         if not in_thread or self._registered is None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import ipywidgets
 
-from nbdist.timeline import chrome_trace
+from nbdist.telemetry.timeline import chrome_trace
 from nbdist.widgets._canvas import new_figure, png_bytes
 from nbdist.widgets._data import DashboardData, source_for
 from nbdist.widgets.engines import EnginesView, engines_html

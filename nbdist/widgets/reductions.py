@@ -24,8 +24,8 @@ from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.patches import Patch
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
-from nbdist.telemetry import CollectiveRecord
-from nbdist.timeline import STUCK_S, blame, step_split, straggler, stuck
+from nbdist.telemetry.records import CollectiveRecord
+from nbdist.telemetry.timeline import STUCK_S, blame, step_split, straggler, stuck
 from nbdist.widgets._canvas import Blitter, coarse, new_figure, nice
 from nbdist.widgets._data import DashboardData
 

@@ -65,7 +65,7 @@ def summary_text(data: DashboardData) -> str:
     """The summary as plain text.
 
     Example:
-        >>> from nbdist.metrics import MetricRecord
+        >>> from nbdist.telemetry.metrics import MetricRecord
         >>> metrics = [MetricRecord(r, s, "loss", 1.0 + r, 100.0 + s) for s in (0, 1)
         ...            for r in (0, 1)]
         >>> summary_text(DashboardData(metrics=metrics))

@@ -13,7 +13,7 @@ from typing import Any
 import ipywidgets
 import numpy as np
 
-from nbdist.metrics import MetricRecord
+from nbdist.telemetry.metrics import MetricRecord
 from nbdist.widgets._canvas import Blitter, coarse, new_figure, nice
 from nbdist.widgets._data import DashboardData
 
@@ -34,7 +34,7 @@ def diverged(data: DashboardData) -> bool:
     """True when the newest replica check found the replicas' parameters different.
 
     Example:
-        >>> from nbdist.telemetry import ReplicaCheck
+        >>> from nbdist.telemetry.records import ReplicaCheck
         >>> diverged(DashboardData(replica_check=ReplicaCheck(1.0, False, "differ")))
         True
         >>> diverged(DashboardData())

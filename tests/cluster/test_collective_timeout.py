@@ -12,8 +12,8 @@ import torch
 
 import nbdist as nd
 from nbdist.cluster import Cluster
-from nbdist.cluster.plan import make_plan, with_communication
-from nbdist.cluster.startup import rank_engines
+from nbdist.cluster.launch.plan import make_plan, with_communication
+from nbdist.cluster.launch.startup import rank_engines
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 
 from .conftest import stop_and_check

@@ -28,8 +28,8 @@ from ipyparallel import interactive
 
 import nbdist as nd
 from nbdist.cluster import Cluster, ClusterStartError
-from nbdist.cluster.launchers import ipyparallel_settings
-from nbdist.cluster.plan import make_plan
+from nbdist.cluster.launch.launchers import ipyparallel_settings
+from nbdist.cluster.launch.plan import make_plan
 from nbdist.testing import free_port
 
 from .conftest import stop_and_check
@@ -66,7 +66,7 @@ def test_engines_run_nbdist_entry_point_and_slurm_places_them_on_the_hosts():
     plan = make_plan(hosts="node1:2,node2:2", launcher="slurm")
     settings = ipyparallel_settings(plan, heartbeat_ms=1000)
     section = settings.cluster_kwargs["config"].SlurmEngineSetLauncher
-    assert section.engine_cmd == [sys.executable, "-m", "nbdist.cluster._engine_main"]
+    assert section.engine_cmd == [sys.executable, "-m", "nbdist.cluster.launch._engine_main"]
     local = ipyparallel_settings(make_plan(n=2, gpu_ids=()), heartbeat_ms=1000)
     config = local.cluster_kwargs["config"]
     flag = f"--nbdist-parent={os.getpid()}"  # its processes outlive this one not even at start

@@ -68,7 +68,7 @@ def test_the_cluster_stops_when_its_starter_dies(sig, tmp_path):
 
 WATCHER = """
 import sys, time
-from nbdist.cluster.parent_watch import watch_parent
+from nbdist.cluster.launch.parent_watch import watch_parent
 watch_parent(poll_s=0.05)
 print(sys.argv[1:], flush=True)  # the flag is gone: ipyparallel never sees it
 sys.stdin.read()  # until stopped, or until the test closes stdin

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from nbdist.telemetry.timeline import STUCK_S
 from nbdist.testing import assert_all_ok, free_port, run_workers, torchrun_env
-from nbdist.timeline import STUCK_S
 from nbdist.widgets._data import _merge_pending
 from nbdist.widgets.reductions import ReductionsView
 from tests.dist.workers import worker_source

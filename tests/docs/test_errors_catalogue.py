@@ -21,7 +21,7 @@ from nbdist.errors import NbdistError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "errors.md"
-_SKIP = ("nbdist.app", "nbdist.__main__", "nbdist.cluster._engine_main")
+_SKIP = ("nbdist.app", "nbdist.__main__", "nbdist.cluster.launch._engine_main")
 
 
 def _error_classes() -> dict[str, type]:

@@ -116,7 +116,7 @@ def test_one_engine_per_gpu_each_pinned_to_its_own():
 def test_logging_a_gpu_loss_does_not_wait_for_the_gpu():
     """Note [Logging device tensors]: `nd.log(loss=...)` with a CUDA scalar must not sync; inside
     a CUDA graph capture any sync (`.item()`) raises, so logging there proves it does not."""
-    from nbdist.metrics import metric_log
+    from nbdist.telemetry.metrics import metric_log
 
     metric_log().clear()
     x = torch.ones(8, device="cuda")

@@ -15,7 +15,7 @@ SHARED_GPU_TRAINING = r"""
 import torch
 import torch.nn.functional as F
 import nbdist as nd
-from nbdist.communication import CommunicationImplementation as Impl
+from nbdist.core.reduce.options import CommunicationImplementation as Impl
 
 options = nd.experimental.CommunicationOptions(implementation=Impl.RING)
 strategy = nd.MultiWorkerMirroredStrategy(communication_options=options)
@@ -94,7 +94,7 @@ def test_two_workers_share_one_gpu_over_gloo_and_train_like_one_device():
 
 NCCL_ON_A_SHARED_GPU = r"""
 import nbdist as nd
-from nbdist.communication import CommunicationImplementation as Impl
+from nbdist.core.reduce.options import CommunicationImplementation as Impl
 from nbdist.errors import InvalidArgumentError
 
 try:
@@ -123,7 +123,7 @@ def test_nccl_on_a_shared_gpu_is_refused_by_name_on_every_worker(implementation)
 NCCL_GROUP_COLLECTIVES = r"""
 import torch
 from nbdist.collectives.torch_dist import DistGroup
-from nbdist.reduce import ReduceOp
+from nbdist.core.reduce.op import ReduceOp
 
 group = DistGroup(
     rank=0, world_size=1, master_addr="127.0.0.1", master_port=PORT, backend="nccl",

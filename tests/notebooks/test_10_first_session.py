@@ -30,8 +30,8 @@ UPDATE_IMAGES = os.environ.get("NBDIST_UPDATE_DOC_IMAGES") == "1"  # else the tr
 DOC_IMAGES = {'desc="warming up"': "notebook-progress.png",
               "1 / 0": "notebook-collective-error.png"}  # fmt: skip
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-INTERNAL = ("nbdist/collectives/", "reduction.py", "multi_worker.py", "distributed_c10d", "_pytree",
-            "site-packages", "GLHF", "Connection closed by peer")  # fmt: skip
+INTERNAL = ("nbdist/collectives/", "core/reduce/rules.py", "multi_worker.py", "distributed_c10d",
+            "_pytree", "site-packages", "GLHF", "Connection closed by peer")  # fmt: skip
 
 
 def _count(text: str, total: int) -> int:

@@ -13,7 +13,7 @@ import torch
 
 import nbdist as nd
 from nbdist.app import ps_training
-from nbdist.cluster.processes import pid_alive
+from nbdist.cluster.launch.processes import pid_alive
 from tests.ps.timing import first_work_after
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist.metrics import metric_log
+from nbdist.telemetry.metrics import metric_log
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""`nbdist demo` (nbdist.cli, nbdist.demo) and examples/train_digits.py: real training runs."""
+"""`nbdist demo` (nbdist.app.cli, nbdist.app.demo) and examples/train_digits.py: real training
+runs."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import matplotlib.image
 import pytest
 import torch
 
-from nbdist import cli, demo
-from nbdist.telemetry import Telemetry
+from nbdist.app import cli, demo
+from nbdist.telemetry.records import Telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import weakref
 
-from nbdist.cli import close_abandoned_event_loops
+from nbdist.app.cli import close_abandoned_event_loops
 
 
 class _Thing:

@@ -11,7 +11,8 @@ import pytest
 
 import nbdist as nd
 from nbdist.cluster import _wire, engine_side
-from nbdist.cluster.engine_side import calls, state
+from nbdist.cluster.engine_side import entry_points as calls
+from nbdist.cluster.engine_side import state
 from nbdist.errors import is_nbdist_file
 
 MODULES = sorted(

@@ -17,8 +17,8 @@ import torch
 
 import nbdist as nd
 from nbdist.collectives.local import LocalGroup
-from nbdist.communication import CommunicationOptions
-from nbdist.cross_device_ops import ReductionToOneDevice
+from nbdist.core.reduce.cross_device import ReductionToOneDevice
+from nbdist.core.reduce.options import CommunicationOptions
 from nbdist.errors import BusyError, CollectiveTimeoutError, ContextError
 from nbdist.strategies.local import LocalStrategy
 

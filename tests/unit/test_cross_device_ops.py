@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist.telemetry import CollectiveRecord, Telemetry
+from nbdist.telemetry.records import CollectiveRecord, Telemetry
 
 OPS = [nd.ReductionToOneDevice, nd.HierarchicalCopyAllReduce]
 TWO = ("cpu:0", "cpu:1")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist.metrics import MetricRecord
-from nbdist.telemetry import CollectiveRecord, ReplicaCheck, StepRecord, now
+from nbdist.telemetry.metrics import MetricRecord
+from nbdist.telemetry.records import CollectiveRecord, ReplicaCheck, StepRecord, now
 from nbdist.widgets import Dashboard
 from nbdist.widgets._data import DashboardData, EngineRow, build_data
 from nbdist.widgets.reductions import ReductionsView
@@ -70,8 +70,9 @@ def test_one_builder_for_both_sources(board):
     """What an engine sends (`Telemetry.snapshot()` plus its metric log), built by the same
     builder, is what the in-process source shows."""
     telemetry = board.source.strategy.extended.telemetry
-    part = {"telemetry": telemetry.snapshot(), "metrics": nd.metrics.metric_log().records(),
-            "holdings": [], "memory": None}  # fmt: skip
+    records = nd.telemetry.metrics.metric_log().records()
+    part = {"telemetry": telemetry.snapshot(), "metrics": records, "holdings": [],
+            "memory": None}  # fmt: skip
     built = build_data(board.data.engines, {0: part})
     assert built.collectives == board.data.collectives
     assert built.steps == board.data.steps

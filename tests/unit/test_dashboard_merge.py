@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist.telemetry import CollectiveRecord, StepRecord
-from nbdist.timeline import blame, step_split, straggler
+from nbdist.telemetry.records import CollectiveRecord, StepRecord
+from nbdist.telemetry.timeline import blame, step_split, straggler
 from nbdist.widgets._data import _common_tails, _merge_collectives
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist.metrics import metric_log
-from nbdist.telemetry import HISTOGRAM_BINS, Telemetry
+from nbdist.telemetry.metrics import metric_log
+from nbdist.telemetry.records import HISTOGRAM_BINS, Telemetry
 
 pytestmark = pytest.mark.usefixtures("fresh_metrics")  # tests/unit/conftest.py
 
@@ -56,8 +56,8 @@ def test_log_outside_a_strategy_is_replica_zero_and_steps_count_on():
 def test_tensor_values_are_read_when_the_log_is_read_and_never_held_past_the_limit():
     """Note [Logging device tensors]: the log keeps a 0-d tensor (a device tensor, on a GPU) and
     reads it on the first read, or once `_DEFERRED_LIMIT` wait; a CPU tensor stands in here."""
-    from nbdist import metrics
-    from nbdist.metrics import MetricLog
+    from nbdist.telemetry import metrics
+    from nbdist.telemetry.metrics import MetricLog
 
     log = MetricLog()
     value = torch.tensor(2.0)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist.telemetry import now
-from nbdist.timeline import STUCK_S
+from nbdist.telemetry.records import now
+from nbdist.telemetry.timeline import STUCK_S
 from nbdist.widgets import Dashboard
 
 pytest.importorskip("ipywidgets")

@@ -43,9 +43,9 @@ def _report(graph, groups) -> str:
 def test_the_graph_covers_every_module_and_every_kind_of_import(graph):
     assert len(graph) == len(list(SOURCE.rglob("*.py")))
     # a function-level import (remote refs resolved on the engine) is an edge
-    assert "nbdist.cluster.refs" in graph["nbdist.cluster.engine_side.calls"]
+    assert "nbdist.cluster.refs" in graph["nbdist.cluster.engine_side.entry_points"]
     # so is one under TYPE_CHECKING (the engine-call path names its cluster by a protocol)
-    assert "nbdist.cluster.handle" in graph["nbdist.cluster.calls"]
+    assert "nbdist.cluster.handle" in graph["nbdist.cluster.engine_calls"]
 
 
 def test_no_module_of_nbdist_imports_itself_through_others(graph):
@@ -64,7 +64,7 @@ def test_no_package_of_nbdist_has_children_that_import_each_other_round_a_circle
     ("importer", "imported"),
     [
         # the engine side reaching back to the notebook's cluster
-        ("nbdist.cluster.engine_side.calls", "nbdist.cluster.engines"),
+        ("nbdist.cluster.engine_side.entry_points", "nbdist.cluster.engines"),
         # the dashboard's data asking the magics for their cluster (the other old cycle)
         ("nbdist.widgets._data", "nbdist.magics.core"),
     ],

@@ -14,6 +14,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, TensorDataset
 
+from nbdist.core.values import PerReplica
 from nbdist.errors import NbdistError
 from nbdist.input import (
     DistributedDataset,
@@ -28,7 +29,6 @@ from nbdist.input import (
 )
 from nbdist.input.batches import EmptyReplicaBatchWarning
 from nbdist.input.transfer import Staged
-from nbdist.values import PerReplica
 
 Pair = collections.namedtuple("Pair", ["features", "label"])
 

@@ -16,10 +16,10 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from nbdist.core.values import PerReplica
 from nbdist.errors import NbdistError
 from nbdist.input import distribute_dataset, split_batch
 from nbdist.input.sharding import WorkerBatchSampler, shard_loader
-from nbdist.values import PerReplica
 
 
 class RecordingDataset(Dataset):

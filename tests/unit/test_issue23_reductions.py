@@ -2,7 +2,8 @@
 tests/dist/test_multi_worker_errors.py, the notebook's `cluster.strategy.reduce`
 tests/cluster/test_cluster.py).
 
-- Bool tensors are refused by every reduction (Note [Bool reductions] in nbdist/reduce.py), as
+- Bool tensors are refused by every reduction (Note [Bool reductions] in nbdist/core/reduce/op.py),
+as
   TensorFlow refuses them, instead of a logical OR for SUM and 0.5 for a MEAN of `True`s.
 - MAX/MIN along an axis where every replica's value is empty give TensorFlow's `reduce_max`/
   `reduce_min` of nothing (-inf/+inf, the lowest/highest integer), not zeros.

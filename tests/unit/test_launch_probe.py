@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from nbdist.cluster.errors import HostUnreachableError
-from nbdist.cluster.launchers import ipyparallel_settings, probe_hosts
-from nbdist.cluster.plan import make_plan
+from nbdist.cluster.launch.launchers import ipyparallel_settings, probe_hosts
+from nbdist.cluster.launch.plan import make_plan
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the ssh client")

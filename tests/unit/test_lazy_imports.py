@@ -66,7 +66,7 @@ def test_public_names_import_their_module_on_first_use():
         "before": False,
         "after": True,
         "strategy": "nbdist.strategies.mirrored",
-        "progress": "nbdist.metrics",
+        "progress": "nbdist.telemetry.metrics",
         "checkpoint": "nbdist.checkpoint",
         "all_resolve": True,
         "dir": True,
@@ -114,16 +114,16 @@ def test_strategies_leave_dynamo_unimported_until_something_compiles():
 
 
 def test_the_controller_process_imports_no_torch():
-    """The controller runs `nbdist.cluster._controller_main`; importing the package
+    """The controller runs `nbdist.cluster.launch._controller_main`; importing the package
     `nbdist.cluster` for it imported torch (1-2 s of CPU at every start)."""
     seen = _run(
         """
         import json, sys
-        import nbdist.cluster._controller_main, nbdist.cluster.parent_watch
+        import nbdist.cluster.launch._controller_main, nbdist.cluster.launch.parent_watch
         heavy = [m for m in ("torch", "ipyparallel") if m in sys.modules]
-        import nbdist.cluster.remote
-        from nbdist.cluster import remote  # the function, not the submodule
+        import nbdist.cluster.engine_strategy
+        from nbdist.cluster import engine_strategy as remote  # the function, not the submodule
         print(json.dumps({"heavy": heavy, "remote": callable(remote) and remote.__module__}))
         """
     )
-    assert seen == {"heavy": [], "remote": "nbdist.cluster.remote"}
+    assert seen == {"heavy": [], "remote": "nbdist.cluster.engine_strategy"}

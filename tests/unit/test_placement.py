@@ -1,4 +1,4 @@
-"""The declared strategy interface of the cross-replica rules (nbdist/placement.py)."""
+"""The declared strategy interface of the cross-replica rules (nbdist/core/reduce/placement.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist import reduction
-from nbdist.placement import Placement, SingleWorker, WorkerCommunication
+from nbdist.core.reduce import rules as reduction
+from nbdist.core.reduce.placement import Placement, SingleWorker, WorkerCommunication
 
 STRATEGIES = {
     "default": lambda: nd.get_strategy(),

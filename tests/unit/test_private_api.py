@@ -185,7 +185,7 @@ def test_controller_connection_files_are_written_whole(tmp_path):
 
     from ipyparallel.controller.app import IPController
 
-    from nbdist.cluster._controller_main import _save_connection_dict_atomically
+    from nbdist.cluster.launch._controller_main import _save_connection_dict_atomically
 
     original = inspect.signature(IPController.save_connection_dict)
     assert list(original.parameters) == ["self", "fname", "cdict"], (

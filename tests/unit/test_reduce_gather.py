@@ -142,7 +142,7 @@ def test_distribute_values_from_function_reference_examples():
     )
     assert strategy.experimental_local_results(counts) == (2, 2)
     devices = strategy.extended.worker_devices
-    placed = [torch.tensor(1.0, device=nd.devices.physical_device(d)) for d in devices]
+    placed = [torch.tensor(1.0, device=nd.core.devices.physical_device(d)) for d in devices]
     on_devices = strategy.experimental_distribute_values_from_function(
         lambda ctx: placed[ctx.replica_id_in_sync_group]
     )

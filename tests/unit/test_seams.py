@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 import nbdist as nd
+from nbdist.core.values import select_replica
 from nbdist.input import distribute_dataset
 from nbdist.strategies.base import module_registration_hooks
-from nbdist.values import select_replica
 
 
 def test_distributed_iterator_position_counts_what_it_delivered():
@@ -55,7 +55,7 @@ def test_a_distributed_variable_stays_whole_unless_unwrapping_is_asked():
         v = nd.Variable(1.0)
     assert select_replica(1, v) is v
     assert select_replica(1, v, unwrap_variables=True) is v.values[1]
-    mirrored = nd.values.Mirrored([torch.tensor(1.0), torch.tensor(1.0)])
+    mirrored = nd.core.values.Mirrored([torch.tensor(1.0), torch.tensor(1.0)])
     assert select_replica(1, mirrored) is mirrored.values[1]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import types
 
-from nbdist.cluster.stop_log import keep_crash_output, log_path, quiet_stop_log
+from nbdist.cluster.launch.stop_log import keep_crash_output, log_path, quiet_stop_log
 
 
 def test_records_about_a_stopped_cluster_below_error_are_dropped_also_after_the_stop(caplog):

@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from nbdist.metrics import MetricRecord
-from nbdist.telemetry import ReplicaCheck
+from nbdist.telemetry.metrics import MetricRecord
+from nbdist.telemetry.records import ReplicaCheck
 from nbdist.widgets._canvas import new_figure
 from nbdist.widgets._data import DashboardData
 from nbdist.widgets.training import TrainingView, draw_training

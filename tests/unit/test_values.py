@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist.devices import canonical_device, canonical_devices, physical_device
+from nbdist.core.devices import canonical_device, canonical_devices, physical_device
 
 
 def pr(*tensors):
@@ -103,7 +103,7 @@ def test_select_replica_passes_plain_arguments_through_and_finds_nested_componen
     distributed or a container, and the walk still reaches components inside containers."""
     import collections
 
-    from nbdist.values import select_replica
+    from nbdist.core.values import select_replica
 
     model, optimizer = torch.nn.Linear(2, 2), object()
     args = (model, optimizer, torch.ones(1), 3)

@@ -21,7 +21,7 @@ Runs on the engine. Three guards:
   notebook forms it again at once, saying so, instead of letting the next collective fail
   with torch's "Default process group has not been initialized".
 
-`running()` also tells the engine's SIGTERM handler (`nbdist.cluster._engine_main`) that the
+`running()` also tells the engine's SIGTERM handler (`nbdist.cluster.launch._engine_main`) that the
 main thread is busy in user code, so a stop exits at once instead of waiting for a call that
 may not return soon (ipyparallel would kill the engine only 5 s later).
 

@@ -81,7 +81,7 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(threads)
     import nbdist as nd
     from nbdist.cluster_resolver import TorchrunClusterResolver
-    from nbdist.communication import CommunicationImplementation, CommunicationOptions
+    from nbdist.core.reduce.options import CommunicationImplementation, CommunicationOptions
 
     options = CommunicationOptions(
         implementation=CommunicationImplementation.from_value(config["implementation"]),
@@ -94,7 +94,7 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     )
     state.set_strategy(strategy, int(config["rank"]))
     from nbdist.cluster.engine_side.progress import EngineBar
-    from nbdist.metrics import set_home_replica
+    from nbdist.telemetry.metrics import set_home_replica
 
     set_home_replica(int(config["rank"]), engine=True, bar=EngineBar)
     from nbdist.cluster.engine_side.publisher import start_publisher

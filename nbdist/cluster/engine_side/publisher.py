@@ -37,8 +37,8 @@ _publisher: dict[str, Any] = {"thread": None}
 
 def engine_snapshot() -> dict[str, Any]:
     """This engine's records (runs on the engine)."""
-    from nbdist.holdings import holdings, memory_in_use
-    from nbdist.metrics import metric_log
+    from nbdist.telemetry.holdings import holdings, memory_in_use
+    from nbdist.telemetry.metrics import metric_log
 
     strategy = state.current_strategy()
     namespace = state.namespace_or_empty()
@@ -64,8 +64,8 @@ def feed_message(strategy: Any, rank: int) -> dict[str, Any]:
         >>> sorted(feed_message(nd.get_strategy(), 0))
         ['memory', 'metrics', 'metrics_appended', 'rank', 'telemetry', 'time']
     """
-    from nbdist.holdings import memory_in_use
-    from nbdist.metrics import metric_log
+    from nbdist.telemetry.holdings import memory_in_use
+    from nbdist.telemetry.metrics import metric_log
 
     log = metric_log()
     return {
@@ -81,7 +81,7 @@ def feed_message(strategy: Any, rank: int) -> dict[str, Any]:
 def _publish_once(last: tuple) -> tuple:
     from ipyparallel.datapub import publish_data
 
-    from nbdist.metrics import metric_log
+    from nbdist.telemetry.metrics import metric_log
 
     strategy = state.current_strategy()
     if strategy is None:

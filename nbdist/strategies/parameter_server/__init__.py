@@ -11,9 +11,9 @@ from nbdist.strategies.parameter_server.coordinator import (
     PerWorkerIterator,
     RemoteValue,
 )
+from nbdist.strategies.parameter_server.ps_variables import PSVariable
 from nbdist.strategies.parameter_server.server import Server
 from nbdist.strategies.parameter_server.strategy import ParameterServerStrategy
-from nbdist.strategies.parameter_server.variables import PSVariable
 
 __all__ = [
     "ClusterCoordinator",

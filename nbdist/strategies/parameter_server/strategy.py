@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from nbdist import context
 from nbdist.cluster_resolver import ClusterSpec
+from nbdist.core import context
 from nbdist.errors import ArgumentTypeError, ClusterConfigError, ContextError
 from nbdist.strategies.base import Strategy, module_registration_hooks
 from nbdist.strategies.parameter_server.closures import VarSpec
-from nbdist.strategies.parameter_server.placement import Shard, check_partition, shard_rows
-from nbdist.strategies.parameter_server.variables import PSVariable, ShardStore
+from nbdist.strategies.parameter_server.ps_variables import PSVariable, ShardStore
+from nbdist.strategies.parameter_server.variable_placement import Shard, check_partition, shard_rows
 
 __all__ = ["ParameterServerStrategy"]
 
@@ -166,7 +166,7 @@ class ParameterServerStrategy(Strategy):
         if callable(initial_value):
             initial_value = initial_value()
         value = torch.as_tensor(initial_value, dtype=dtype).detach().cpu().clone()
-        from nbdist.variable_options import (
+        from nbdist.core.variable_options import (
             VariableAggregation,
             VariableSynchronization,
             option_member,

@@ -69,7 +69,7 @@ class WorkerStrategy:
     """The strategy as a scheduled function sees it on a worker: one replica, this worker.
 
     `run(fn, args, kwargs)` calls `fn` once; `reduce` of a plain value returns it (reduced
-    along `axis` when given), by the rules of every strategy's `reduce` (`nbdist.reduction`:
+    along `axis` when given), by the rules of every strategy's `reduce` (`nbdist.core.reduce.rules`:
     bools refused, integer MEAN floating, MAX/MIN of nothing the op's identity). It exists so
     that TF-style step functions (`strategy.run` inside the scheduled function) work unchanged.
     """
@@ -80,10 +80,10 @@ class WorkerStrategy:
         return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
-        from nbdist import reduction
         from nbdist._private_api import pytree
-        from nbdist.placement import Placement, SingleWorker
-        from nbdist.reduce import ReduceOp
+        from nbdist.core.reduce import rules as reduction
+        from nbdist.core.reduce.op import ReduceOp
+        from nbdist.core.reduce.placement import Placement, SingleWorker
 
         op = ReduceOp.from_value(reduce_op)
         reduction.check_axis_argument(axis, "reduce", optional=True)
@@ -155,7 +155,7 @@ def _local_object(spec: VarSpec) -> Any:
     if spec.kind == "parameter":
         obj: Any = torch.nn.Parameter(tensor, requires_grad=spec.requires_grad)
     else:
-        from nbdist.variables import Variable
+        from nbdist.core.variables import Variable
 
         obj = Variable.__new__(Variable)
         Variable.__init__(obj, tensor, trainable=spec.requires_grad, name=spec.name)

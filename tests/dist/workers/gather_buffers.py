@@ -17,7 +17,7 @@ if __name__ == "__main__":
     import nbdist as nd
     from nbdist.collectives import agreed
     from nbdist.collectives.direct import MAX_BUFFER_BYTES
-    from nbdist.reduce import ReduceOp
+    from nbdist.core.reduce.op import ReduceOp
 
     Options = nd.experimental.CommunicationOptions
     strategy = nd.MultiWorkerMirroredStrategy(communication_options=Options(timeout_seconds=4))

@@ -13,7 +13,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     import nbdist as nd
     from nbdist.collectives import agreed
-    from nbdist.reduce import ReduceOp
+    from nbdist.core.reduce.op import ReduceOp
 
     strategy = nd.MultiWorkerMirroredStrategy()
     rank = strategy.cluster_resolver.task_id

@@ -13,13 +13,12 @@ from typing import Any
 
 import torch
 
-from nbdist import context
 from nbdist._private_api import pytree
-from nbdist.devices import physical_device
-from nbdist.errors import CheckpointKeyError, InvalidArgumentError
-from nbdist.reduce import ReduceOp
-from nbdist.values import DistributedValues, PerReplica, register_variable_type
-from nbdist.variable_options import (
+from nbdist.core import context
+from nbdist.core.devices import physical_device
+from nbdist.core.reduce.op import ReduceOp
+from nbdist.core.values import DistributedValues, PerReplica, register_variable_type
+from nbdist.core.variable_options import (
     VariableAggregation,
     VariableSynchronization,
     checked_arguments,
@@ -27,6 +26,7 @@ from nbdist.variable_options import (
     colocation_devices,
     option_member,
 )
+from nbdist.errors import CheckpointKeyError, InvalidArgumentError
 
 __all__ = [
     "MirroredVariable",

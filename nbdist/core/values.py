@@ -2,7 +2,7 @@
 
 Also the two structure operations every strategy needs: picking one replica's component out of
 a nested structure (`select_replica`) and merging the replicas' results back (`regroup`).
-Imports nbdist.context only.
+Imports nbdist.core.context only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from nbdist._private_api import pytree
-from nbdist.context import current_replica_context
+from nbdist.core.context import current_replica_context
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = [
@@ -223,7 +223,7 @@ _variable_types: tuple[type, ...] = ()
 
 def register_variable_type(cls: type) -> type:
     """Count instances of `cls` (a `DistributedValues` subclass) as distributed variables,
-    which `select_replica` leaves whole unless asked to unwrap them. `nbdist.variables`
+    which `select_replica` leaves whole unless asked to unwrap them. `nbdist.core.variables`
     registers `DistributedVariable` (this module cannot import it: it imports this one)."""
     global _variable_types
     _variable_types = (*_variable_types, cls)

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from nbdist._private_api import pytree
 from nbdist.cluster import _wire
-from nbdist.cluster.engine_side import calls as entries
+from nbdist.cluster.engine_side import entry_points as entries
 from nbdist.cluster.refs import RemoteRef, remote
+from nbdist.core.reduce.op import ReduceOp
+from nbdist.core.reduce.placement import Placement, SingleWorker
+from nbdist.core.values import DistributedValues, PerReplica
 from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
 from nbdist.input.errors import StepsExhaustedError
-from nbdist.placement import Placement, SingleWorker
-from nbdist.reduce import ReduceOp
 from nbdist.strategies.base import check_run_options
-from nbdist.values import DistributedValues, PerReplica
 
 if TYPE_CHECKING:
     from nbdist.cluster.handle import ClusterHandle
@@ -191,7 +191,7 @@ class EngineStrategy:
             >>> s.reduce("mean", value, axis=0), s.gather(value, axis=0)
             (tensor(1.6667), tensor([0., 1., 4.]))
         """
-        from nbdist import reduction
+        from nbdist.core.reduce import rules as reduction
 
         op = ReduceOp.from_value(reduce_op)
         reduction.check_axis_argument(axis, "reduce", optional=True)
@@ -204,7 +204,7 @@ class EngineStrategy:
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenate the replicas' components along `axis`, in replica order, on the CPU."""
-        from nbdist import reduction
+        from nbdist.core.reduce import rules as reduction
 
         replicas = self._client_workers()
         return pytree.tree_map(

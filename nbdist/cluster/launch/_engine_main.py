@@ -1,6 +1,6 @@
 """Engine process entry point: import torch and nbdist first, then run ipyparallel's engine.
 
-`nd.Cluster` starts its engines as `python -m nbdist.cluster._engine_main ARGS` instead of
+`nd.Cluster` starts its engines as `python -m nbdist.cluster.launch._engine_main ARGS` instead of
 `python -m ipyparallel.engine ARGS` (same arguments). Importing torch is most of an engine's
 start-up cost; done here, it overlaps with the controller starting (local engines are launched
 before the controller and wait for its connection file) instead of following registration. It
@@ -26,14 +26,15 @@ import sys
 
 def main() -> None:
     """Import what every engine needs, then hand over to ipyparallel's engine (`sys.argv`)."""
-    from nbdist.cluster.parent_watch import watch_parent
+    from nbdist.cluster.launch.parent_watch import watch_parent
 
     watch_parent()
     import torch  # noqa: F401  (the expensive import, done before registering)
     from ipyparallel.engine.app import IPEngine
 
     from nbdist._private_api import stop_noting_engine
-    from nbdist.cluster.engine_side import calls, guards, joining  # noqa: F401
+    from nbdist.cluster.engine_side import entry_points as calls  # noqa: F401
+    from nbdist.cluster.engine_side import guards, joining  # noqa: F401
 
     Engine = stop_noting_engine(IPEngine, busy=guards.running, exit_now=_exit_at_once)
     try:

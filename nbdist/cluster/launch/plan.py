@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from nbdist.communication import CommunicationImplementation, CommunicationOptions
+from nbdist.core.reduce.options import CommunicationImplementation, CommunicationOptions
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = [

@@ -3,7 +3,8 @@
 nbdist writes no process launcher: engines are started by ipyparallel's engine-set launchers
 (`local`, `ssh`, `mpi`, `slurm`). This module decides their settings from the plan:
 
-- every launcher runs `python -m nbdist.cluster._engine_main` (ipyparallel's engine, with torch
+- every launcher runs `python -m nbdist.cluster.launch._engine_main` (ipyparallel's engine, with
+torch
   imported first) instead of `python -m ipyparallel.engine`;
 - `local`: the engines start before the controller and wait for its connection file, so their
   imports overlap its start-up;
@@ -24,7 +25,7 @@ settings for the engine-set launcher (`remote_python`, `ssh_args`, `mpi_args`, `
 checked against its configurable traits. Imports ipyparallel only inside `ipyparallel_settings`.
 
 Example:
-    >>> from nbdist.cluster.plan import make_plan
+    >>> from nbdist.cluster.launch.plan import make_plan
     >>> settings = ipyparallel_settings(make_plan(n=2, gpu_ids=()), heartbeat_ms=1000)
     >>> settings.cluster_kwargs["engine_launcher_class"], settings.engines_first
     ('local', True)
@@ -46,9 +47,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nbdist.cluster._controller_main import START_ENGINES_FLAG
-from nbdist.cluster.parent_watch import parent_flag
-from nbdist.cluster.plan import LaunchPlan
+from nbdist.cluster.launch._controller_main import START_ENGINES_FLAG
+from nbdist.cluster.launch.parent_watch import parent_flag
+from nbdist.cluster.launch.plan import LaunchPlan
 
 __all__ = [
     "CONTROLLER_MODULE",
@@ -59,13 +60,13 @@ __all__ = [
     "probe_hosts",
 ]
 
-ENGINE_MODULE = "nbdist.cluster._engine_main"
+ENGINE_MODULE = "nbdist.cluster.launch._engine_main"
 STOP_KILL_S = 2
 """Seconds a local engine gets to exit after SIGTERM before it is killed (a normal engine
 exits at once: `_engine_main`)."""
 """The module every engine runs (`python -m ...`)."""
 
-CONTROLLER_MODULE = "nbdist.cluster._controller_main"
+CONTROLLER_MODULE = "nbdist.cluster.launch._controller_main"
 """The module the controller runs (`python -m ...`)."""
 
 _LAUNCHER_CLASSES = {

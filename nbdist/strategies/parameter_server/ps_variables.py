@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
+from nbdist.core.variables import Variable, VariableAggregation, VariableSynchronization
 from nbdist.strategies.parameter_server.closures import VarSpec
-from nbdist.strategies.parameter_server.placement import Shard
 from nbdist.strategies.parameter_server.transport import PSClient
-from nbdist.variables import Variable, VariableAggregation, VariableSynchronization
+from nbdist.strategies.parameter_server.variable_placement import Shard
 
 __all__ = ["PSVariable", "ShardStore", "ShardView"]
 

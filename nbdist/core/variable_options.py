@@ -2,7 +2,7 @@
 how replicas' values combine (`VariableAggregation`), which `nd.Variable` arguments are accepted
 (`checked_arguments`), and where `colocate_vars_with` puts new variables (`colocated_with`).
 
-Kept apart from `nbdist.variables` (which re-exports every name here) so that code that only
+Kept apart from `nbdist.core.variables` (which re-exports every name here) so that code that only
 names an option needs no variable machinery. Imports core modules only.
 """
 
@@ -14,8 +14,8 @@ import enum
 from collections.abc import Iterator
 from typing import Any
 
+from nbdist.core.names import member_by_name
 from nbdist.errors import InvalidArgumentError
-from nbdist.names import member_by_name
 
 __all__ = [
     "VariableAggregation",

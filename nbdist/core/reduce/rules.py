@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from nbdist import context
-from nbdist.cross_device_ops import resolve_destinations
+from nbdist.core import context
+from nbdist.core.reduce.cross_device import resolve_destinations
+from nbdist.core.reduce.op import ReduceOp, as_reducible, refuse_bool
+from nbdist.core.reduce.placement import WorkerCommunication
+from nbdist.core.values import DistributedValues, Mirrored, regroup, select_replica
 from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
-from nbdist.placement import WorkerCommunication
-from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
-from nbdist.values import DistributedValues, Mirrored, regroup, select_replica
 
 __all__ = [
     "batch_reduce_to", "check_axis_argument", "gather_value", "reduce_to", "reduce_value",

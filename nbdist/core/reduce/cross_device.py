@@ -14,11 +14,11 @@ from typing import Any, Protocol
 import torch
 
 from nbdist._private_api import foreach
-from nbdist.communication import CommunicationOptions
-from nbdist.devices import canonical_devices, physical_device
+from nbdist.core.devices import canonical_devices, physical_device
+from nbdist.core.reduce.op import ReduceOp, as_reducible, refuse_bool
+from nbdist.core.reduce.options import CommunicationOptions
+from nbdist.core.values import DistributedValues, Mirrored
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
-from nbdist.reduce import ReduceOp, as_reducible, refuse_bool
-from nbdist.values import DistributedValues, Mirrored
 
 __all__ = [
     "CrossDeviceOps",
@@ -32,7 +32,7 @@ DEFAULT_PACK_BYTES = 32 * 1024 * 1024
 
 
 class Recorder(Protocol):
-    """Where a `CrossDeviceOps` records its reductions: the strategy's `nbdist.telemetry`
+    """Where a `CrossDeviceOps` records its reductions: the strategy's `nbdist.telemetry.records`
     record, set by the strategy (the core names what it needs, and does not import the
     telemetry, which reads the core's variables)."""
 
@@ -58,7 +58,7 @@ class CrossDeviceOps:
 
     Example:
         >>> ops = ReductionToOneDevice()
-        >>> from nbdist.values import PerReplica
+        >>> from nbdist.core.values import PerReplica
         >>> value = PerReplica([torch.tensor(1.0), torch.tensor(2.0)], devices=["cpu:0", "cpu:1"])
         >>> ops.reduce("sum", value, destinations="cpu:0")
         tensor(3.)

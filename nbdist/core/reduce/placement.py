@@ -1,7 +1,7 @@
 """What the cross-replica rules need from a strategy: where its replicas are (`Placement`) and
 how its workers talk (`WorkerCommunication`).
 
-`nbdist.reduction`, `nbdist.variables` and the checkpoints use only this interface (a
+`nbdist.core.reduce.rules`, `nbdist.core.variables` and the checkpoints use only this interface (a
 strategy's `extended` implements it), never a strategy's private members, so the core does not
 depend on the strategies. `SingleWorker` implements it for values that are all in one process
 (the notebook's view of an engine cluster's results). Imports core modules only.
@@ -20,9 +20,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from nbdist.communication import CommunicationOptions
-from nbdist.cross_device_ops import CrossDeviceOps, ReductionToOneDevice
-from nbdist.reduce import ReduceOp
+from nbdist.core.reduce.cross_device import CrossDeviceOps, ReductionToOneDevice
+from nbdist.core.reduce.op import ReduceOp
+from nbdist.core.reduce.options import CommunicationOptions
 
 __all__ = ["Placement", "SingleWorker", "WorkerCommunication"]
 

@@ -117,7 +117,7 @@ def _read(value: Any) -> Any:
     outside any replica function, so by the one rule for reading (docs/notebooks.md) a
     sync-on-read variable comes back aggregated over the replicas (every engine reads it at
     once: a collective), a mirrored one as its value."""
-    from nbdist.variables import Variable
+    from nbdist.core.variables import Variable
 
     return value.read_value() if isinstance(value, Variable) else value
 

@@ -13,7 +13,7 @@ strategy, the command-line options and the picture. Front-end layer: imports mat
 tqdm and the digits data bundled in `nbdist.app.data` (no scikit-learn needed).
 
 Example:
-    >>> from nbdist import demo
+    >>> from nbdist.app import demo
     >>> result = demo.train(epochs=1, out=None, progress=False)  # doctest: +SKIP
     >>> result["accuracy"] > 0.8  # doctest: +SKIP
     True
@@ -32,9 +32,9 @@ import torch
 
 import nbdist as nd
 from nbdist.app.interrupts import raise_if_interrupted
-from nbdist.devices import canonical_devices
+from nbdist.app.run_figure import plot_dashboard, summarize_telemetry, telemetry_line
+from nbdist.core.devices import canonical_devices
 from nbdist.errors import InvalidArgumentError, NbdistError
-from nbdist.run_figure import plot_dashboard, summarize_telemetry, telemetry_line
 
 __all__ = [
     "DEFAULT_DEVICES",

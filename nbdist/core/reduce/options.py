@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from nbdist.core.names import member_by_name
 from nbdist.errors import InvalidArgumentError
-from nbdist.names import member_by_name
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "CommunicationImplementation", "CommunicationOptions"]
 

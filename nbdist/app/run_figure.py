@@ -5,7 +5,7 @@ measured, and draws it with matplotlib's object API (no pyplot state). `nbdist d
 the live ipywidgets dashboard (a later issue) will reuse the summaries. Front-end layer.
 
 Example:
-    >>> from nbdist.telemetry import Telemetry
+    >>> from nbdist.telemetry.records import Telemetry
     >>> summarize_telemetry(Telemetry().records())["collectives"]
     0
 """
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nbdist.telemetry import CollectiveRecord
+from nbdist.telemetry.records import CollectiveRecord
 
 __all__ = ["plot_dashboard", "summarize_telemetry", "telemetry_line"]
 
@@ -34,7 +34,7 @@ def summarize_telemetry(records: Sequence[CollectiveRecord]) -> dict[str, Any]:
         replica was the last to reach (the others waited for it).
 
     Example:
-        >>> from nbdist.telemetry import Telemetry
+        >>> from nbdist.telemetry.records import Telemetry
         >>> t = Telemetry()
         >>> t.record("gradient_sync", 8, "local", (0, 1), 0.0, 0.002, (0.001, 0.0))
         >>> summarize_telemetry(t.records())["replicas"][1]["last_to_arrive"]

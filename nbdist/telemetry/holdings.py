@@ -26,7 +26,7 @@ def holdings(namespace: Mapping[str, Any]) -> list[dict[str, Any]]:
     """
     import torch
 
-    from nbdist.variables import Variable
+    from nbdist.core.variables import Variable
 
     totals: dict[tuple[str, str, str], list[int]] = {}
 

@@ -6,8 +6,8 @@ import enum
 
 import torch
 
+from nbdist.core.names import member_by_name
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
-from nbdist.names import member_by_name
 
 __all__ = ["ReduceOp", "as_reducible", "refuse_bool"]
 

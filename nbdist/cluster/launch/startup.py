@@ -8,7 +8,7 @@
 - the messages for start failures (`launch_failure`, `output_tail`).
 
 Example:
-    >>> from nbdist.cluster.plan import make_plan
+    >>> from nbdist.cluster.launch.plan import make_plan
     >>> described = [
     ...     {"host": "b", "address": "10.0.0.2", "free_port": 2, "cuda_visible_devices": None},
     ...     {"host": "a", "address": "10.0.0.1", "free_port": 1, "cuda_visible_devices": None},
@@ -26,7 +26,7 @@ from typing import Any
 
 from nbdist._private_api import launcher_has_exited
 from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
-from nbdist.cluster.plan import LaunchPlan
+from nbdist.cluster.launch.plan import LaunchPlan
 
 __all__ = [
     "launch_failure",

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from nbdist.context import current_replica_context
+from nbdist.core.context import current_replica_context
 from nbdist.errors import ArgumentTypeError
 
 __all__ = ["MetricLog", "MetricRecord", "log", "metric_log", "progress", "set_home_replica"]

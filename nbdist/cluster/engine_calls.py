@@ -8,7 +8,7 @@ note saying how to send it.
 
 Example (needs engines, so not run here)::
 
-    from nbdist.cluster.engine_side import calls as entries
+    from nbdist.cluster.engine_side import entry_points as entries
     replies = call_engines(cluster, entries.call, payload, timeout=60, what="strategy.run(f)")
     replies[0]["value"]
 """

@@ -113,7 +113,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"nbdist demo: writing into {folder.resolve()}", flush=True)
         with remembered_interrupts():  # a Ctrl-C swallowed in a finalizer still stops the demo
             if args.in_process:
-                from nbdist import demo
+                from nbdist.app import demo
 
                 devices = [f"cpu:{i}" for i in range(engines)]
                 demo.train(devices=devices, epochs=args.epochs, seed=args.seed,
