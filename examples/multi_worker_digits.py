@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> float:
     # 2. Data: 1,437 training and 360 test images, features in [0, 1]. Every worker builds the
     #    same DataLoader of *global* batches (the seeded generator gives every worker the same
     #    shuffle); the distributed dataset makes each worker read only its replicas' rows.
-    x_train, y_train, x_test, y_test = nd.app.datasets.load_digits(seed=args.seed)
+    x_train, y_train, x_test, y_test = nd.datasets.load_digits(seed=args.seed)
     shuffle = torch.Generator().manual_seed(args.seed)
     loader = DataLoader(
         TensorDataset(x_train, y_train),

@@ -10,7 +10,7 @@ copies of the model take the same optimizer step. Needs nothing beyond nbdist; n
     python examples/train_digits.py --strategy one --devices cpu:0
 
 This is the loop `python -m nbdist demo` runs, written out to read; the data come from
-`nd.app.datasets.load_digits()`, the options and the dashboard picture from `nbdist.app.demo`. Also
+`nd.datasets.load_digits()`, the options and the dashboard picture from `nbdist.app.demo`. Also
 importable: `main(["--epochs", "1"])` returns the results as a dict.
 """
 
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(args.seed)
 
     # 1. Data: 1,437 training and 360 test images, features in [0, 1].
-    x_train, y_train, x_test, y_test = nd.app.datasets.load_digits(seed=args.seed)
+    x_train, y_train, x_test, y_test = nd.datasets.load_digits(seed=args.seed)
 
     # 2. The strategy: which devices run replicas, and where the variables live.
     devices = list(args.devices or ["cpu:0", "cpu:1"])

@@ -155,7 +155,7 @@ def __getattr__(name: str) -> Any:
             raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
         module = f"nbdist.{name}"
     imported = importlib.import_module(module)
-    value = imported if module == f"nbdist.{name}" else getattr(imported, name)
+    value = imported if module.rpartition(".")[2] == name else getattr(imported, name)
     globals()[name] = value  # later uses skip this function
     return value
 

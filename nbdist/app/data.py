@@ -1,5 +1,5 @@
 """The digits data set bundled with nbdist, for the demo: `nbdist.app.datasets` is its public home
-(`nd.app.datasets.load_digits()`); this module re-exports it for the demo's code.
+(`nd.datasets.load_digits()`); this module re-exports it for the demo's code.
 
 Example:
     >>> load_digits(seed=0).x_train.shape

@@ -8,7 +8,7 @@ training and test sets, stratified by class.
 
 Example:
     >>> import nbdist as nd
-    >>> data = nd.app.datasets.load_digits(seed=0)
+    >>> data = nd.datasets.load_digits(seed=0)
     >>> data.x_train.shape, data.x_test.shape, float(data.x_train.max())
     (torch.Size([1437, 64]), torch.Size([360, 64]), 1.0)
 """

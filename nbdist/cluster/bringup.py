@@ -1,18 +1,19 @@
 """How `Cluster.start` brings a cluster up: launch the processes, then join the group.
 
-- `launch`: the engines (before the controller, for local engines: they import torch while
+- `_launch`: the engines (before the controller, for local engines: they import torch while
   it comes up and wait for its connection file), the controller, the client; then waits for
   every engine to register, sending each one its first requests (attach, describe) the moment
   it registers (`Greeter`), so that they run while the others are still registering;
-- `join`: ranks the engines from their descriptions and bootstraps every engine at once:
+- `_join`: ranks the engines from their descriptions and bootstraps every engine at once:
   torchrun variables, torch threads, a `MultiWorkerMirroredStrategy` named `strategy`.
 
 Each step is a stage of the start's `StartClock` (`start_report`), said as it happens. The
-functions work on a `Cluster`'s own fields (they are its start-up, kept out of `engines.py`).
+methods (a mixin of `Cluster`) work on its own fields: its start-up, kept out of `engines.py`.
 
 Example (starts processes, so not run here)::
 
-    launch(cluster, deadline, greeter)   # engines registered, attached, described
+    cluster._launch(deadline)   # engines registered, attached, described
+    cluster._join(deadline)     # one process group
     join(cluster, deadline, greeter)     # one torch.distributed group
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbdist._private_api import client_location
 from nbdist.cluster.engine_side import joining
@@ -37,10 +38,7 @@ from nbdist.cluster.launch.startup import (
 from nbdist.cluster.launch.stop_log import keep_crash_output
 from nbdist.cluster.status import EngineInfo
 
-if TYPE_CHECKING:
-    from nbdist.cluster.engines import Cluster
-
-__all__ = ["ATTACH", "Greeter", "controller_address", "join", "launch"]
+__all__ = ["ATTACH", "BringUp", "Greeter", "controller_address"]
 
 ATTACH = (
     "import nbdist.cluster.engine_side.state as _nbdist_engine_state\n"
@@ -85,94 +83,138 @@ class Greeter:
         return wait_all(described, deadline, "describing", timeout)
 
 
-def launch(cluster: Cluster, deadline: float, greet: bool) -> Greeter | None:
-    """Start `cluster`'s controller and engines, connect its client, wait for registration.
+class BringUp:
+    """`Cluster`'s start-up (a mixin of it): `_launch` starts the processes and waits for
+    their registration, `_join` bootstraps every engine into the process group. A subclass
+    whose `_join` does its own requests (`PSCluster`) gets no greeter."""
 
-    Returns the `Greeter` that sent the registered engines their first requests (None when
-    `greet` is False: a cluster whose `_join` does its own).
-    """
-    import ipyparallel
+    plan: Any
+    _settings: IpyparallelSettings
+    _clock: Any
+    _ipp: Any
+    _client: Any
+    _greeter: Greeter | None
+    _rendezvous: tuple[str, int] | None
+    _group_prefix: str | None
+    _engines: tuple[EngineInfo, ...]
 
-    plan = cluster.plan
-    settings: IpyparallelSettings = cluster._settings
-    clock = cluster._clock
-    clock.stage("imports done (nbdist, torch, ipyparallel)")
-    if plan.launcher == "ssh" and plan.hosts:
-        try:
-            probe_hosts(
-                settings,
-                [host for host, _ in plan.hosts],
-                settings.remote_python,
-                probe_timeout(deadline),
+    _processes: Any
+
+    def _exited_engine(self, identifier: Any) -> str | None:
+        """ "replica R's engine (pid P)" for the engine launcher `identifier` that has just
+        exited (ipyparallel marks it stopped before it logs the process's output), or None."""
+        ipp = self._ipp
+        for engine_set in list(getattr(ipp, "engines", {}).values()):
+            launcher = getattr(engine_set, "launchers", {}).get(identifier)
+            if launcher is None or getattr(launcher, "state", None) != "after":
+                continue
+            pid = getattr(launcher, "pid", None)
+            for info in self._engines:
+                if info.pid == pid:
+                    return f"replica {info.rank}'s engine (pid {pid})"
+        return None
+
+    def _record_processes(self) -> None:
+        """Remember every process of the cluster (controller, schedulers, engines, nannies)."""
+        roots: list[Any] = []
+        if self._ipp is not None:
+            roots.append(getattr(getattr(self._ipp, "controller", None), "process", None))
+            for engine_set in list(getattr(self._ipp, "engines", {}).values()):
+                roots.append(getattr(engine_set, "process", None))  # mpiexec
+                for launcher in list(getattr(engine_set, "launchers", {}).values()):
+                    roots.append(getattr(launcher, "process", None))
+        here = socket.gethostname()
+        roots += [info.pid for info in self._engines if info.host == here]
+        self._processes.record(roots)
+
+    def _launch(self, deadline: float) -> None:
+        """Start the controller and engines, connect the client, wait for registration; keep the
+        `Greeter` that sent the registered engines their first requests (None for a cluster
+        whose `_join` does its own)."""
+        greet = type(self)._join is BringUp._join  # noqa: SLF001 (a method of this class)
+        import ipyparallel
+
+        plan = self.plan
+        settings: IpyparallelSettings = self._settings
+        clock = self._clock
+        clock.stage("imports done (nbdist, torch, ipyparallel)")
+        if plan.launcher == "ssh" and plan.hosts:
+            try:
+                probe_hosts(
+                    settings,
+                    [host for host, _ in plan.hosts],
+                    settings.remote_python,
+                    probe_timeout(deadline),
+                )
+            except ConnectionError as error:
+                raise ClusterStartError(str(error)) from None
+            clock.stage(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
+        ipp = self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
+        private_dirs(ipp.profile_dir)  # connection files, keys and logs: owner only
+        ipp.log = ipp_logger(ipp.cluster_id, settings.cluster_kwargs["log_level"])
+        keep_crash_output(ipp.log, ipp.profile_dir, ipp.cluster_id, self._exited_engine)
+        threads = max(1, joining.cores() // plan.n)
+        if not settings.engines_first:
+            ipp.start_controller_sync()
+            clock.stage("controller process launched")
+        for count, environment in plan.engine_sets():
+            env = {
+                "OMP_NUM_THREADS": str(threads),
+                "MKL_NUM_THREADS": str(threads),
+                "MPLBACKEND": "Agg",  # engines have no screen; %%distribute shows figures
+            }
+            env.update(environment)
+            try:
+                ipp.start_engines_sync(n=count, environment=env)
+            except Exception as error:
+                raise ClusterStartError(launch_failure(plan, error)) from error
+        clock.stage(f"{plan.n} engine process(es) launched")
+        if settings.engines_first:
+            ipp.start_controller_sync()
+            clock.stage("controller process launched (the engines import torch meanwhile)")
+        self._record_processes()
+        client = self._client = ipp.connect_client_sync()
+        clock.stage("connected to the controller")
+        private_files(ipp.profile_dir, ipp.cluster_id)
+        greeter = Greeter(client, controller_address(settings, client)) if greet else None
+        wait_for_registration(ipp, client, plan, deadline, clock.stage, on_registered=greeter)
+        self._record_processes()
+        self._greeter = greeter
+
+
+    def _join(self, deadline: float) -> None:
+        """Bootstrap every engine at once, in rank order; record them."""
+        greeter = self._greeter
+        plan = self.plan
+        client = self._client
+        ids = sorted(client.ids)[: plan.n]
+        greeter = greeter or Greeter(client, controller_address(self._settings, client))
+        described = greeter.described(ids, deadline, plan.timeout)
+        ranked = rank_engines(plan, ids, described)
+        results = [
+            client.direct_view([engine_id]).apply_async(joining.bootstrap, config)
+            for engine_id, _, config in ranked
+        ]
+        from ipyparallel.client.asyncresult import AsyncResult
+
+        booted = wait_all(AsyncResult.join(*results), deadline, "joining the group", plan.timeout)
+        backend = booted[0].get("backend", "?") if booted else "?"
+        first = ranked[0][2]
+        self._rendezvous = (str(first["master_addr"]), int(first["master_port"]))
+        self._group_prefix = booted[0].get("prefix") if booted else None
+        self._engines = tuple(
+            EngineInfo(
+                id=engine_id,
+                rank=config["rank"],
+                host=info["host"],
+                pid=info["pid"],
+                device=boot["device"],
+                gpu=info["cuda_visible_devices"] if plan.gpus else None,
+                stacks=tuple(boot["stacks"]) if boot.get("stacks") else None,
             )
-        except ConnectionError as error:
-            raise ClusterStartError(str(error)) from None
-        clock.stage(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
-    ipp = cluster._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
-    private_dirs(ipp.profile_dir)  # connection files, keys and logs: owner only
-    ipp.log = ipp_logger(ipp.cluster_id, settings.cluster_kwargs["log_level"])
-    keep_crash_output(ipp.log, ipp.profile_dir, ipp.cluster_id, cluster._exited_engine)
-    threads = max(1, joining.cores() // plan.n)
-    if not settings.engines_first:
-        ipp.start_controller_sync()
-        clock.stage("controller process launched")
-    for count, environment in plan.engine_sets():
-        env = {
-            "OMP_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads),
-            "MPLBACKEND": "Agg",  # engines have no screen; %%distribute shows figures
-        }
-        env.update(environment)
-        try:
-            ipp.start_engines_sync(n=count, environment=env)
-        except Exception as error:
-            raise ClusterStartError(launch_failure(plan, error)) from error
-    clock.stage(f"{plan.n} engine process(es) launched")
-    if settings.engines_first:
-        ipp.start_controller_sync()
-        clock.stage("controller process launched (the engines import torch meanwhile)")
-    cluster._record_processes()
-    client = cluster._client = ipp.connect_client_sync()
-    clock.stage("connected to the controller")
-    private_files(ipp.profile_dir, ipp.cluster_id)
-    greeter = Greeter(client, controller_address(settings, client)) if greet else None
-    wait_for_registration(ipp, client, plan, deadline, clock.stage, on_registered=greeter)
-    cluster._record_processes()
-    return greeter
-
-
-def join(cluster: Cluster, deadline: float, greeter: Greeter | None) -> None:
-    """Bootstrap every engine of `cluster` at once, in rank order; record them."""
-    plan = cluster.plan
-    client = cluster._client
-    ids = sorted(client.ids)[: plan.n]
-    greeter = greeter or Greeter(client, controller_address(cluster._settings, client))
-    described = greeter.described(ids, deadline, plan.timeout)
-    ranked = rank_engines(plan, ids, described)
-    results = [
-        client.direct_view([engine_id]).apply_async(joining.bootstrap, config)
-        for engine_id, _, config in ranked
-    ]
-    from ipyparallel.client.asyncresult import AsyncResult
-
-    booted = wait_all(AsyncResult.join(*results), deadline, "joining the group", plan.timeout)
-    backend = booted[0].get("backend", "?") if booted else "?"
-    first = ranked[0][2]
-    cluster._rendezvous = (str(first["master_addr"]), int(first["master_port"]))
-    cluster._group_prefix = booted[0].get("prefix") if booted else None
-    cluster._engines = tuple(
-        EngineInfo(
-            id=engine_id,
-            rank=config["rank"],
-            host=info["host"],
-            pid=info["pid"],
-            device=boot["device"],
-            gpu=info["cuda_visible_devices"] if plan.gpus else None,
-            stacks=tuple(boot["stacks"]) if boot.get("stacks") else None,
+            for (engine_id, info, config), boot in zip(ranked, booted)
         )
-        for (engine_id, info, config), boot in zip(ranked, booted)
-    )
-    cluster._clock.stage(f"{plan.n} engines joined one torch.distributed group ({backend})")
+        self._clock.stage(f"{plan.n} engines joined one torch.distributed group ({backend})")
 
 
 def controller_address(settings: IpyparallelSettings, client: Any) -> str:

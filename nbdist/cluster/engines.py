@@ -24,8 +24,9 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from nbdist.cluster import _wire, bringup
+from nbdist.cluster import _wire
 from nbdist.cluster import stacks as engine_stacks
+from nbdist.cluster.bringup import BringUp
 from nbdist.cluster.engine_calls import call_engines
 from nbdist.cluster.engine_side import entry_points as entries
 from nbdist.cluster.engine_strategy import EngineStrategy, _has_distributed, _scatter
@@ -65,7 +66,7 @@ def _stop_all_at_exit() -> None:
             cluster.stop()
 
 
-class Cluster(CallGuard):
+class Cluster(CallGuard, BringUp):
     """Engines for a notebook: one replica each, joined in one `torch.distributed` group.
 
     Args:
@@ -494,17 +495,6 @@ class Cluster(CallGuard):
             f"backend={plan.backend!r}, {state}{ids}>"
         )
 
-    # -- starting -------------------------------------------------------------------------
-    def _launch(self, deadline: float) -> None:
-        """Start the processes and wait for registration (`bringup.launch`)."""
-        # a subclass's _join does its own requests
-        greet = type(self)._join is Cluster._join  # noqa: SLF001 (this class's own method)
-        self._greeter = bringup.launch(self, deadline, greet)
-
-    def _join(self, deadline: float) -> None:
-        """Bootstrap every engine at once, in rank order (`bringup.join`)."""
-        bringup.join(self, deadline, self._greeter)
-
     # -- calling --------------------------------------------------------------------------
     def call(
         self,
@@ -529,20 +519,6 @@ class Cluster(CallGuard):
                 self, entry, payloads, *extra, timeout=timeout, what=what, fn=fn,
                 deadline=deadline,
             )  # fmt: skip
-
-    def _exited_engine(self, identifier: Any) -> str | None:
-        """ "replica R's engine (pid P)" for the engine launcher `identifier` that has just
-        exited (ipyparallel marks it stopped before it logs the process's output), or None."""
-        ipp = self._ipp
-        for engine_set in list(getattr(ipp, "engines", {}).values()):
-            launcher = getattr(engine_set, "launchers", {}).get(identifier)
-            if launcher is None or getattr(launcher, "state", None) != "after":
-                continue
-            pid = getattr(launcher, "pid", None)
-            for info in self._engines:
-                if info.pid == pid:
-                    return f"replica {info.rank}'s engine (pid {pid})"
-        return None
 
     # -- stopping -------------------------------------------------------------------------
     def _teardown(self) -> None:
@@ -589,19 +565,6 @@ class Cluster(CallGuard):
         self._inflight = {}
         self._state = "stopped"
         _running.discard(self)
-
-    def _record_processes(self) -> None:
-        """Remember every process of the cluster (controller, schedulers, engines, nannies)."""
-        roots: list[Any] = []
-        if self._ipp is not None:
-            roots.append(getattr(getattr(self._ipp, "controller", None), "process", None))
-            for engine_set in list(getattr(self._ipp, "engines", {}).values()):
-                roots.append(getattr(engine_set, "process", None))  # mpiexec
-                for launcher in list(getattr(engine_set, "launchers", {}).values()):
-                    roots.append(getattr(launcher, "process", None))
-        here = socket.gethostname()
-        roots += [info.pid for info in self._engines if info.host == here]
-        self._processes.record(roots)
 
     @property
     def processes(self) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ MODULES = sorted(
 def test_the_package_holds_one_module_per_job():
     names = {name.rsplit(".", 1)[1] for name in MODULES}
     assert names == {
-        "state", "joining", "calls", "cell", "health", "failures", "publisher", "guards",
+        "state", "joining", "entry_points", "cell", "health", "failures", "publisher", "guards",
         "progress", "stacks",
     }
 

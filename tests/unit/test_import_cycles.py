@@ -65,8 +65,8 @@ def test_no_package_of_nbdist_has_children_that_import_each_other_round_a_circle
     [
         # the engine side reaching back to the notebook's cluster
         ("nbdist.cluster.engine_side.entry_points", "nbdist.cluster.engines"),
-        # the dashboard's data asking the magics for their cluster (the other old cycle)
-        ("nbdist.widgets._data", "nbdist.magics.core"),
+        # the dashboard asking the magics for their cluster (the other old cycle)
+        ("nbdist.widgets.dashboard", "nbdist.magics.core"),
     ],
 )
 def test_the_check_finds_a_cycle(graph, importer, imported):

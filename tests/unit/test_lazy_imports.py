@@ -122,8 +122,8 @@ def test_the_controller_process_imports_no_torch():
         import nbdist.cluster.launch._controller_main, nbdist.cluster.launch.parent_watch
         heavy = [m for m in ("torch", "ipyparallel") if m in sys.modules]
         import nbdist.cluster.engine_strategy
-        from nbdist.cluster import engine_strategy as remote  # the function, not the submodule
+        from nbdist.cluster import remote  # the function, not a submodule
         print(json.dumps({"heavy": heavy, "remote": callable(remote) and remote.__module__}))
         """
     )
-    assert seen == {"heavy": [], "remote": "nbdist.cluster.engine_strategy"}
+    assert seen == {"heavy": [], "remote": "nbdist.cluster.refs"}

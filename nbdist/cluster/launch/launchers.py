@@ -192,7 +192,7 @@ def ipyparallel_settings(
         "engine_launcher_class": plan.launcher,
         "controller_ip": controller_ip,
         "controller_args": [
-            # Note [Schedulers in threads]: one controller process instead of eight
+            # one controller process instead of eight (Note [Schedulers in threads])
             "--IPController.use_threads=True",
             f"--HeartMonitor.period={int(heartbeat_ms)}",
             # tolerate 10 s without a beat whatever the period (at least ipyparallel's 10)
