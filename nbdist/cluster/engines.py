@@ -388,7 +388,7 @@ class Cluster(CallGuard, BringUp):
         The start report's total includes the stop."""
         began = time.perf_counter()
         self.stop()
-        return self._start(progress, began)
+        return self.start(progress, began=began)
 
     def __enter__(self) -> Cluster:
         return self.start()
