@@ -17,12 +17,11 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from nbdist import _moved  # noqa: F401  old import paths the docs showed (one release)
 from nbdist._extension import load_ipython_extension, unload_ipython_extension
+from nbdist.core.lazy import import_lazily
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` imports
     from nbdist import checkpoint, cluster_resolver, debug, errors, experimental
@@ -147,17 +146,9 @@ _LAZY: dict[str, str] = {
 
 def __getattr__(name: str) -> Any:
     """Import a public name from its module on first use (Note [Lazy public API])."""
-    module = _LAZY.get(name)
-    if module is None:
-        # a submodule not named in the public API (`nd.strategies`, `nd.values`), reachable as
-        # it was when `import nbdist` imported every layer
-        if name.startswith("_") or importlib.util.find_spec(f"nbdist.{name}") is None:
-            raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
-        module = f"nbdist.{name}"
-    imported = importlib.import_module(module)
-    value = imported if module.rpartition(".")[2] == name else getattr(imported, name)
-    globals()[name] = value  # later uses skip this function
-    return value
+    # also a submodule not named in the public API (`nd.strategies`), reachable as it was when
+    # `import nbdist` imported every layer
+    return import_lazily(__name__, globals(), _LAZY, name, submodules=True)
 
 
 def __dir__() -> list[str]:

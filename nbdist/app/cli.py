@@ -21,20 +21,14 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from nbdist.app.arguments import positive_int
+
 __all__ = ["MAX_ENGINES_PER_CORE", "build_parser", "close_abandoned_event_loops", "main"]
 
 MAX_ENGINES_PER_CORE = 4
 """More engines than this many per core is refused: each would get too little CPU to be useful."""
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,9 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
             "and stop the engines."
         ),
     )
-    demo.add_argument("--engines", type=_count, default=None, metavar="N",
+    demo.add_argument("--engines", type=positive_int, default=None, metavar="N",
                       help="engines (= replicas) to start (default: one per GPU, else 2)")
-    demo.add_argument("--epochs", type=_count, default=6,
+    demo.add_argument("--epochs", type=positive_int, default=6,
                       help="passes over the training set (default: %(default)s)")
     demo.add_argument("--out", type=Path, default=Path("nbdist-demo"), metavar="DIR",
                       help="folder for metrics.json and dashboard.png (default: ./nbdist-demo)")

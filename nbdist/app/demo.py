@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, TextIO
 import torch
 
 import nbdist as nd
+from nbdist.app.arguments import positive_int
 from nbdist.app.interrupts import raise_if_interrupted
 from nbdist.app.run_figure import plot_dashboard, summarize_telemetry, telemetry_line
 from nbdist.core.devices import canonical_devices
@@ -147,14 +148,6 @@ def _devices_arg(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _positive_float(text: str) -> float:
@@ -180,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         f"(default: {','.join(DEFAULT_DEVICES)}; the first of them for --strategy one)",
     )  # fmt: skip
     parser.add_argument(
-        "--epochs", type=_positive_int, default=8, help="passes over the training set "
+        "--epochs", type=positive_int, default=8, help="passes over the training set "
         "(default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(

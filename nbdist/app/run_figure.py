@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nbdist.core.units import format_bytes
 from nbdist.telemetry.records import CollectiveRecord
 
 __all__ = ["plot_dashboard", "summarize_telemetry", "telemetry_line"]
@@ -77,7 +78,7 @@ def telemetry_line(summary: dict[str, Any]) -> str:
     if not summary["collectives"]:
         return ""
     parts = [
-        f"{op}: {s['count']} × {_size(s['nbytes'])}, median {s['median_ms']:.2f} ms"
+        f"{op}: {s['count']} × {format_bytes(s['nbytes'])}, median {s['median_ms']:.2f} ms"
         for op, s in summary["ops"].items()
     ]
     replicas = summary["replicas"]
@@ -91,14 +92,6 @@ def telemetry_line(summary: dict[str, Any]) -> str:
             f"{replicas[most]['mean_wait_ms']:.2f} ms (replica {most})"
         )
     return "collectives: " + "; ".join(parts) + f"; mean wait per collective: {waited}"
-
-
-def _size(nbytes: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if nbytes < 1024 or unit == "MiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.1f} GiB"  # pragma: no cover
 
 
 # -- the picture ----------------------------------------------------------------------------
@@ -239,7 +232,8 @@ def _plot_collectives(ax: Any, records: Sequence[CollectiveRecord], start: float
     ax.set_ylim(0, max(values, default=1.0) * 10)
     ax.grid(True, alpha=0.3)
     ops_text = "\n".join(
-        f"{op} ({markers[op]}): {s['count']} × {_size(s['nbytes'])} via {s['implementation']}, "
+        f"{op} ({markers[op]}): {s['count']} × {format_bytes(s['nbytes'])} "
+        f"via {s['implementation']}, "
         f"median {s['median_ms']:.2f} ms, p90 {s['p90_ms']:.2f} ms"
         for op, s in summary["ops"].items()
     )

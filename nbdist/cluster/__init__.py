@@ -16,6 +16,8 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from nbdist.core.lazy import import_lazily
+
 if TYPE_CHECKING:
     from nbdist.cluster.engine_strategy import EngineStrategy
     from nbdist.cluster.engines import Cluster
@@ -69,14 +71,9 @@ sys.modules[__name__].__class__ = _Package
 
 def __getattr__(name: str) -> Any:
     """Import a public name from its module on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nbdist.cluster' has no attribute {name!r}")
     if name == "Cluster":  # Cluster(strategy="parameter_server") creates a PSCluster
         importlib.import_module("nbdist.cluster.ps_cluster")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return import_lazily(__name__, globals(), _LAZY, name)
 
 
 __all__ = [

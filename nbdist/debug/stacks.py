@@ -26,6 +26,8 @@ import sysconfig
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nbdist.core.units import format_bytes
+
 __all__ = ["ReplicaStack", "format_stacks"]
 
 Frame = tuple[str, int, str, str]  # (filename, lineno, function, line)
@@ -117,18 +119,10 @@ def _where(stack: ReplicaStack, rename: Callable[[str], str] | None = None) -> s
         now = f"now at {renamed if renamed != at else f'{filename}:{lineno}'} in {function}"
     if not c:
         return f"no collective yet; {now}"
-    what = f"{c['op']} #{c['seq']} ({_bytes(c.get('bytes') or 0)})"
+    what = f"{c['op']} #{c['seq']} ({format_bytes(c.get('bytes') or 0)})"
     if c.get("end") is None:
         return f"in {what} for {c.get('waiting_s', 0.0):.1f} s"
     return f"finished {what}; {now}"
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024 or unit == "MiB":
-            return f"{n:g} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def _frames(

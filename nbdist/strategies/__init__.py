@@ -7,8 +7,9 @@ machinery with it.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from nbdist.core.lazy import import_lazily
 
 if TYPE_CHECKING:
     from nbdist.strategies.base import ReplicaContext, Strategy, StrategyExtended
@@ -34,12 +35,7 @@ _LAZY: dict[str, str] = {
 
 def __getattr__(name: str) -> Any:
     """Import a public name from its module on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nbdist.strategies' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return import_lazily(__name__, globals(), _LAZY, name)
 
 
 __all__ = [

@@ -318,14 +318,7 @@ class Strategy:
         """Split every global batch of `dataset` over the replicas (see API §6)."""
         from nbdist import input as input_lib
 
-        return input_lib.distribute_dataset(
-            dataset,
-            devices=self._devices,
-            num_replicas_in_sync=self.num_replicas_in_sync,
-            num_workers=self._num_workers,
-            worker_index=self._worker_index,
-            options=options,
-        )
+        return input_lib.distribute_dataset(dataset, options=options, **self._input_placement())
 
     def distribute_datasets_from_function(
         self, dataset_fn: Callable[[Any], Iterable[Any]], options: Any = None
@@ -334,13 +327,17 @@ class Strategy:
         from nbdist import input as input_lib
 
         return input_lib.distribute_datasets_from_function(
-            dataset_fn,
-            devices=self._devices,
-            num_replicas_in_sync=self.num_replicas_in_sync,
-            num_workers=self._num_workers,
-            worker_index=self._worker_index,
-            options=options,
+            dataset_fn, options=options, **self._input_placement()
         )
+
+    def _input_placement(self) -> dict[str, Any]:
+        """Where a distributed dataset's batches go: this worker's devices among all replicas."""
+        return {
+            "devices": self._devices,
+            "num_replicas_in_sync": self.num_replicas_in_sync,
+            "num_workers": self._num_workers,
+            "worker_index": self._worker_index,
+        }
 
     # -- implement these ------------------------------------------------------------------
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:

@@ -34,10 +34,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("_private_api.py", "__getattr__", "AttributeError"): _GETATTR,
     ("input/dataset.py", "__getattr__", "AttributeError"): _GETATTR,
     ("core/values.py", "__getattr__", "AttributeError"): _GETATTR,
-    ("__init__.py", "__getattr__", "AttributeError"): _GETATTR,
     ("telemetry/__init__.py", "__getattr__", "AttributeError"): _GETATTR,
-    ("cluster/__init__.py", "__getattr__", "AttributeError"): _GETATTR,
-    ("strategies/__init__.py", "__getattr__", "AttributeError"): _GETATTR,
+    ("core/lazy.py", "import_lazily", "AttributeError"): _GETATTR,
     ("widgets/_data.py", "__getitem__", "KeyError"): (
         "the mapping protocol: `board.data['metrics']` (kept for old notebooks) raises KeyError "
         "for a name it does not have, as a dict does"

@@ -264,7 +264,15 @@ def _checked_num_packs(num_packs: Any) -> int:
     return num_packs
 
 
-class HierarchicalCopyAllReduce(ReductionToOneDevice):
+class _InPacks:
+    """The `num_packs` option of the packing cross-device ops (checked once, here)."""
+
+    def __init__(self, num_packs: int = 1):
+        super().__init__()
+        self.num_packs = _checked_num_packs(num_packs)
+
+
+class HierarchicalCopyAllReduce(_InPacks, ReductionToOneDevice):
     """Reduction through one device, with batched values split into `num_packs` packs.
 
     Example:
@@ -274,12 +282,8 @@ class HierarchicalCopyAllReduce(ReductionToOneDevice):
 
     implementation_name = "hierarchical_copy"
 
-    def __init__(self, num_packs: int = 1):
-        super().__init__()
-        self.num_packs = _checked_num_packs(num_packs)
 
-
-class NcclAllReduce(CrossDeviceOps):
+class NcclAllReduce(_InPacks, CrossDeviceOps):
     """All-reduce with NCCL between the CUDA devices of one process (`torch.cuda.nccl`).
 
     Raises:
@@ -291,10 +295,6 @@ class NcclAllReduce(CrossDeviceOps):
     """
 
     implementation_name = "nccl"
-
-    def __init__(self, num_packs: int = 1):
-        super().__init__()
-        self.num_packs = _checked_num_packs(num_packs)
 
     def check_devices(self, devices: Sequence[str]) -> None:
         """Raise `ValueError` unless every device is a CUDA GPU."""
