@@ -26,8 +26,7 @@ from nbdist.core.lazy import import_lazily
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` imports
     from nbdist import checkpoint, cluster_resolver, debug, errors, experimental
     from nbdist.app import datasets
-    from nbdist.cluster import Cluster, RemoteError
-    from nbdist.cluster import engine_strategy as remote
+    from nbdist.cluster import Cluster, RemoteError, remote
     from nbdist.cluster_resolver import ClusterSpec
     from nbdist.core.reduce.cross_device import (
         CrossDeviceOps,

@@ -1,20 +1,20 @@
 """`ClusterHandle`: what the engine-call path and the engine strategy need of a `Cluster`.
 
-`engines` (the `Cluster`) imports `calls` (the engine-call path) and `remote`
-(`EngineStrategy`), and both of those act on the cluster they were given. Naming that
-cluster by this protocol, not by `Cluster`, keeps the imports one way: `engines` imports
+`engines` (the `Cluster`) imports `engine_calls` and `supervisor` (the engine-call path) and
+`engine_strategy` (`EngineStrategy`), and they act on the cluster they were given. Naming
+that cluster by this protocol, not by `Cluster`, keeps the imports one way: `engines` imports
 them, they never import `engines` (not even for type checking). `Cluster` implements it.
 
 Example:
     >>> from nbdist.cluster.engines import Cluster
-    >>> members = ["num_engines", "engines", "client", "push", "_call", "repair"]
+    >>> members = ["num_engines", "engines", "client", "push", "call", "repair"]
     >>> all(hasattr(Cluster, name) for name in members)  # Cluster has what the protocol names
     True
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ __all__ = ["ClusterHandle"]
 
 
 class ClusterHandle(Protocol):
-    """The members of `Cluster` that `calls` and `remote` use (see `Cluster` for each)."""
+    """The members of `Cluster` that the engine-call path and `engine_strategy` use (see
+    `Cluster` for each)."""
 
     @property
     def num_engines(self) -> int: ...
@@ -37,9 +38,9 @@ class ClusterHandle(Protocol):
 
     def push(self, values: dict[str, Any], *, timeout: float | None = None) -> None: ...
 
-    def _call(
+    def call(
         self,
-        entry: str,
+        entry: Callable[..., dict[str, Any]],
         payloads: bytes | Sequence[Any],
         *extra: Any,
         timeout: float | None,

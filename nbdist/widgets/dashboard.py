@@ -302,6 +302,7 @@ class Dashboard(ipywidgets.VBox):
 
         Example:
             >>> import nbdist as nd
+            >>> nd.telemetry.metrics.metric_log().clear()  # what other examples logged
             >>> board = nd.dashboard(nd.MirroredStrategy(["cpu:0", "cpu:1"]))
             >>> board.summary
             'no metrics yet: nd.log(loss=...) in the loop draws curves'

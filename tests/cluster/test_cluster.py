@@ -28,8 +28,8 @@ from nbdist.cluster import (
     RemoteError,
     RemoteNameError,
     SerializationError,
+    remote,
 )
-from nbdist.cluster import engine_strategy as remote
 from nbdist.cluster.launch.plan import make_plan
 from nbdist.errors import BusyError, NbdistError, WorkerLostError
 from nbdist.input.errors import StepsExhaustedError
