@@ -39,7 +39,7 @@ from nbdist.cluster.errors import (
 from nbdist.cluster.launch.launchers import ipyparallel_settings
 from nbdist.cluster.launch.plan import LaunchPlan, make_plan, with_communication
 from nbdist.cluster.launch.processes import ProcessSet, pid_alive
-from nbdist.cluster.launch.startup import output_tail, quiet
+from nbdist.cluster.launch.startup import engines_exited, output_tail, quiet
 from nbdist.cluster.launch.stop_log import launchers_of, quiet_stop_log, write_log
 from nbdist.cluster.sigint import interrupts_deferred
 from nbdist.cluster.start_report import StartClock, StartReport
@@ -350,6 +350,10 @@ class Cluster(CallGuard, BringUp):
                 if output:
                     error.args = (f"{error.args[0]}\n{output}", *error.args[1:])
                 raise
+            if type(error).__name__ == "EngineError":  # ipyparallel saw the engine set stop
+                raise ClusterStartError(
+                    f"{engines_exited(self._plan, 'of the engine set').args[0]}\n{output}"
+                ) from None
             raise ClusterStartError(
                 f"The cluster failed to start: {type(error).__name__}: {error}\n{output}"
             ) from error

@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nbdist.cluster.launch._controller_main import START_ENGINES_FLAG
-from nbdist.cluster.launch.parent_watch import parent_flag
+from nbdist.cluster.launch.parent_watch import NO_PARENT_FLAG, parent_flag
 from nbdist.cluster.launch.plan import LaunchPlan
 
 __all__ = [
@@ -170,7 +170,10 @@ def ipyparallel_settings(
         remote_python = (options or {}).get("remote_python")
         if remote_python is None:
             remote_python = "python3" if remote_hosts else sys.executable
-        engine_cmd = [str(remote_python), "-m", ENGINE_MODULE]
+        # No parent to watch: ipyparallel's ssh receiver starts the engine and exits at once
+        # (the engine would take that for its starter's death and stop); `stop()` stops
+        # ssh engines through the same receiver.
+        engine_cmd = [str(remote_python), "-m", ENGINE_MODULE, NO_PARENT_FLAG]
         assert plan.hosts is not None
         section.engines = {host: count for host, count in plan.hosts}
         quiet = _ssh_safety(plan.timeout)

@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 
-__all__ = ["ORPHAN_EXIT_CODE", "PARENT_FLAG", "parent_flag", "watch_parent"]
+__all__ = ["NO_PARENT_FLAG", "ORPHAN_EXIT_CODE", "PARENT_FLAG", "parent_flag", "watch_parent"]
 
 ORPHAN_EXIT_CODE = 75
 """The exit status of a cluster process that stopped itself because its parent died."""
@@ -64,13 +64,19 @@ def _parent_from_argv() -> int | None:
     return None
 
 
+NO_PARENT_FLAG = "--nbdist-parent=0"
+"""The argument of a process whose starter exits at once by design (ipyparallel's ssh
+receiver): it watches no parent (pid 0 names none)."""
+
+
 def watch_parent(poll_s: float = 0.5, parent: int | None = None) -> threading.Thread | None:
     """Stop this process (and its children) once its parent process has died.
 
     Args:
         poll_s: Seconds between looks at the parent's pid.
         parent: The pid to outlive no longer (default: the one named by `--nbdist-parent=PID`
-            in `sys.argv`, removed from it, else the current parent). When this process's
+            in `sys.argv`, removed from it, else the current parent; `NO_PARENT_FLAG` names
+            none). When this process's
             parent is already another one, that parent died before the watch began (e.g.
             Ctrl-C while the cluster was starting) and the process stops at once.
 

@@ -29,6 +29,7 @@ from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
 from nbdist.cluster.launch.plan import LaunchPlan
 
 __all__ = [
+    "engines_exited",
     "launch_failure",
     "output_tail",
     "probe_timeout",
@@ -53,6 +54,15 @@ _ENGINE_EXIT_HINT = {
 
 def quiet(line: str) -> None:
     """The default `progress` of `Cluster.start`: say nothing."""
+
+
+def engines_exited(plan: LaunchPlan, names: str, registered: int = 0) -> ClusterStartError:
+    """The error of engine processes `names` that exited before registering (the caller adds
+    their output), with the launcher's hint at the usual cause."""
+    return ClusterStartError(
+        f"Engine process(es) {names} exited before registering; {registered} of {plan.n} "
+        f"engine(s) registered. {_ENGINE_EXIT_HINT[plan.launcher]}"
+    )
 
 
 def wait_for_registration(
@@ -103,11 +113,7 @@ def wait_for_registration(
             exited = [launcher for launcher in launchers if launcher_has_exited(launcher)]
             if exited and not waiting.done():
                 names = ", ".join(str(getattr(x, "identifier", "?")) for x in exited)
-                raise ClusterStartError(
-                    f"Engine process(es) {names} exited before registering; "
-                    f"{len(client.ids)} of {plan.n} engine(s) registered. "
-                    f"{_ENGINE_EXIT_HINT[plan.launcher]}"
-                ) from None
+                raise engines_exited(plan, names, len(client.ids)) from None
             if waiting.done() or time.monotonic() >= deadline:
                 if len(client.ids) >= plan.n:  # the last one registered just now
                     say_new()
