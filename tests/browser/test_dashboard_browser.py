@@ -187,7 +187,11 @@ def test_dashboard_updates_in_the_browser_while_training_runs(tmp_path):
             )
             print(f"first loss curve on the page {time.monotonic() - began:.1f} s after the cell")
             line = _summary_moves(page, "")
-            assert "loss " in line and "steps/s" in line and "last all-reduce" in line, line
+            assert "loss " in line and "steps/s" in line, line
+            # the engines' collectives can reach a refresh after their first metrics: the
+            # next lines name the last all-reduce too
+            while "last all-reduce" not in line:
+                line = _summary_moves(page, line)
             line = _summary_moves(page, line)
             _shoot(page, tmp_path, "dashboard-first-seconds", dashboard_only=False)
             reductions = _image_index(page, "Reductions")

@@ -15,7 +15,7 @@ import pytest
 
 from nbdist.telemetry.timeline import STUCK_S
 from nbdist.testing import assert_all_ok, free_port, run_workers, torchrun_env
-from nbdist.widgets._data import _merge_pending
+from nbdist.widgets._data import DashboardData, _merge_pending
 from nbdist.widgets.reductions import ReductionsView
 from tests.dist.workers import worker_source
 
@@ -46,7 +46,7 @@ def test_stuck_all_reduce_names_the_worker_that_has_not_arrived(tmp_path):
             assert runner.is_alive(), "the workers ended before the collective was stuck"
             pace.wait(0.2)
             pending = _merge_pending({r: _pending(tmp_path, r) for r in (0, 1)}, [0, 1])
-            view.update({"collectives": [], "steps": [], "pending": pending})
+            view.update(DashboardData(pending=pending))
         caption = view.caption.value
         assert "stuck: all_reduce" in caption
         assert "arrived: replica(s) 0" in caption
@@ -59,5 +59,5 @@ def test_stuck_all_reduce_names_the_worker_that_has_not_arrived(tmp_path):
     assert [r.result for r in results] == [8.0, 8.0]
     pending = _merge_pending({r: _pending(tmp_path, r) for r in (0, 1)}, [0, 1])
     assert pending == []
-    view.update({"collectives": [], "steps": [], "pending": pending})
+    view.update(DashboardData(pending=pending))
     assert "nd-stuck" not in view.caption.value
