@@ -190,8 +190,10 @@ def test_dashboard_updates_in_the_browser_while_training_runs(tmp_path):
             assert "loss " in line and "steps/s" in line, line
             # the engines' collectives can reach a refresh after their first metrics: the
             # next lines name the last all-reduce too
-            while "last all-reduce" not in line:
+            named_by = time.monotonic() + 60
+            while "last all-reduce" not in line and time.monotonic() < named_by:
                 line = _summary_moves(page, line)
+            assert "last all-reduce" in line, line
             line = _summary_moves(page, line)
             _shoot(page, tmp_path, "dashboard-first-seconds", dashboard_only=False)
             reductions = _image_index(page, "Reductions")
