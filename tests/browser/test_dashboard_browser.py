@@ -293,7 +293,8 @@ def test_dashboard_updates_in_the_browser_while_training_runs(tmp_path):
             stopped = tmp_path / "dashboard-stopped.png"
             output.screenshot(path=str(stopped), timeout=30_000)
             assert stopped.stat().st_size > 20_000
-            for folder in [pathlib.Path(SHOTS)] * bool(SHOTS) + [IMAGES] * UPDATE_IMAGES:
+            folders = ([pathlib.Path(SHOTS)] if SHOTS else []) + ([IMAGES] if UPDATE_IMAGES else [])
+            for folder in folders:
                 shutil.copyfile(stopped, folder / stopped.name)
     finally:
         flag.write_text("stop\n")  # whatever happened, the training loop ends
