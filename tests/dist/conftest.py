@@ -4,6 +4,9 @@
 - `launch_once(key, launch)` runs an expensive multi-process launch once per pytest session and
   shares its results between the tests (and the pytest-xdist workers) that check different parts
   of it, so a module can assert many things in small tests without starting torch many times.
+- The worker scripts of tests/dist/workers import `tests.dist.workers._prelude`, so every process
+  a test starts has this checkout first on its PYTHONPATH (autouse `_checkout_on_pythonpath`),
+  whatever its working directory.
 """
 
 from __future__ import annotations
@@ -11,11 +14,25 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 
 from nbdist.testing import WorkerResult, no_leftover_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _checkout_on_pythonpath():
+    """Put this checkout first on PYTHONPATH while a module here runs, so that the worker
+    processes (`run_workers` gives them our environment) import `tests.dist.workers._prelude`."""
+    paths = [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", os.pathsep.join(dict.fromkeys(paths)))
+        yield
 
 
 @pytest.fixture(autouse=True)

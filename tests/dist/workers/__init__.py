@@ -1,7 +1,10 @@
 """The worker scripts of tests/dist: real modules (linted by ruff, importable without running
 anything), each run in its worker processes by `nbdist.testing.run_workers`, which takes a
 script's source: `run_workers(worker_source("agreed_layouts"), envs)`. A script's body runs only
-as `__main__` (under `if __name__ == "__main__":`), so a test may also append code to it.
+as `__main__` (under `if __name__ == "__main__":`), so a test may also append code to it. The body
+begins with `start()` of `_prelude.py` (one torch thread, the MultiWorkerMirroredStrategy and
+this worker's rank), which the workers import from this checkout (tests/dist/conftest.py puts it
+on their PYTHONPATH).
 
 Example:
     >>> 'if __name__ == "__main__":' in worker_source("agreed_layouts")

@@ -1,23 +1,19 @@
-"""Worker script of tests/dist/test_agreed_layouts.py (`CODE`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_agreed_layouts.py (`CODE`)."""
 
 import time
 
 import torch
+
+import nbdist as nd
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
-
     Options = nd.experimental.CommunicationOptions
-    strategy = nd.MultiWorkerMirroredStrategy(communication_options=Options(timeout_seconds=20))
-    rank = strategy.cluster_resolver.task_id
+    strategy, rank = start(timeout_seconds=20)
     group = strategy._group
     ctx = nd.get_replica_context
 

@@ -1,23 +1,17 @@
-"""Worker script of tests/dist/test_backward_outside_run.py (`ONE_SIDED`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_backward_outside_run.py (`ONE_SIDED`)."""
 
 import time
 
 import torch
+
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
-
-    options = nd.experimental.CommunicationOptions(timeout_seconds=3)
-    strategy = nd.MultiWorkerMirroredStrategy(communication_options=options)
-    rank = strategy.cluster_resolver.task_id
+    strategy, rank = start(timeout_seconds=3)
     with strategy.scope():
         model = torch.nn.Linear(4, 1)
     out = None

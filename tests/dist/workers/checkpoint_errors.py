@@ -1,7 +1,4 @@
-"""Worker script of tests/dist/test_checkpoint_workers.py (`ERRORS`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_checkpoint_workers.py (`ERRORS`)."""
 
 import os
 import pathlib
@@ -9,18 +6,17 @@ import time
 
 import torch
 
+import nbdist as nd
+from tests.dist.workers._prelude import start
+
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
     import nbdist.checkpoint.save_restore as save_restore
 
-    strategy = nd.MultiWorkerMirroredStrategy(
-        communication_options=nd.experimental.CommunicationOptions(timeout_seconds=30))
-    rank = strategy.cluster_resolver.task_id
+    strategy, rank = start(timeout_seconds=30)
     folder = pathlib.Path(os.environ["FOLDER"])
     writes = []
     real_write = save_restore.write_atomic

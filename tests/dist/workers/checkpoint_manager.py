@@ -1,25 +1,21 @@
-"""Worker script of tests/dist/test_checkpoint_workers.py (`MANAGER`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_checkpoint_workers.py (`MANAGER`)."""
 
 import os
 import pathlib
 
 import torch
 
+import nbdist as nd
+from tests.dist.workers._prelude import start
+
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
     import nbdist.checkpoint.fileformat as fileformat
 
-    strategy = nd.MultiWorkerMirroredStrategy(
-        communication_options=nd.experimental.CommunicationOptions(timeout_seconds=30))
-    rank = strategy.cluster_resolver.task_id
+    strategy, rank = start(timeout_seconds=30)
     folder = pathlib.Path(os.environ["FOLDER"]) / "new" / "ckpts"  # missing: the writer makes it
     writes = []
     real_write = fileformat.write_atomic

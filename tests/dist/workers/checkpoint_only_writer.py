@@ -1,7 +1,4 @@
-"""Worker script of tests/dist/test_checkpoint_workers.py (`ONLY_WRITER`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_checkpoint_workers.py (`ONLY_WRITER`)."""
 
 import os
 import pathlib
@@ -9,17 +6,15 @@ import time
 
 import torch
 
+import nbdist as nd
+from tests.dist.workers._prelude import start
+
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
-
-    strategy = nd.MultiWorkerMirroredStrategy(
-        communication_options=nd.experimental.CommunicationOptions(timeout_seconds=5))
-    rank = strategy.cluster_resolver.task_id
+    strategy, rank = start(timeout_seconds=5)
     done = pathlib.Path(os.environ["FOLDER"]) / "done"
     with strategy.scope():
         model = torch.nn.Linear(2, 2)

@@ -1,26 +1,23 @@
-"""Worker script of tests/dist/test_checkpoint_workers.py (`TRAIN`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_checkpoint_workers.py (`TRAIN`)."""
 
 import os
 
 import torch
+
+import nbdist as nd
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     from torch.utils.data import DataLoader, TensorDataset
-
-    import nbdist as nd
 
     PHASE, CKPT = os.environ["PHASE"], os.environ["CKPT"]
     STEPS, SAVE_AT, GLOBAL_BATCH = int(os.environ["STEPS"]), int(os.environ["SAVE_AT"]), 12
 
-    strategy = nd.MultiWorkerMirroredStrategy()
+    strategy, _ = start()
     data = torch.Generator().manual_seed(0)
     x = torch.randn(STEPS * GLOBAL_BATCH, 5, generator=data)
     y = x @ torch.randn(5, 2, generator=data)

@@ -1,22 +1,19 @@
-"""Worker script of tests/dist/test_compiled_multi_worker.py (`CODE`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_compiled_multi_worker.py (`CODE`)."""
 
 import torch
 import torch.nn.functional as F
+
+import nbdist as nd
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
     from nbdist.errors import CompiledCollectiveError
 
-    strategy = nd.MultiWorkerMirroredStrategy()
-    rank = strategy.cluster_resolver.task_id
+    strategy, rank = start()
     STEPS, PER_WORKER = 5, 16
     data = torch.Generator().manual_seed(7)
     X = torch.randn(STEPS, 2 * PER_WORKER, 8, generator=data)

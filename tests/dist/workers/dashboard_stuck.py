@@ -1,7 +1,4 @@
-"""Worker script of tests/dist/test_dashboard_stuck.py (`WORKER`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_dashboard_stuck.py (`WORKER`)."""
 
 import os
 import pickle
@@ -11,18 +8,17 @@ from pathlib import Path
 
 import torch
 
+import nbdist as nd
+from tests.dist.workers._prelude import start
+
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
-
     folder = Path(os.environ["STUCK_DIR"])
-    strategy = nd.MultiWorkerMirroredStrategy()
+    strategy, rank = start()
     telemetry = strategy.extended.telemetry
-    rank = strategy.cluster_resolver.task_id
     done = threading.Event()
 
 

@@ -1,19 +1,16 @@
-"""Worker script of tests/dist/test_exit_without_shutdown.py (`SCRIPT`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_exit_without_shutdown.py (`SCRIPT`)."""
 
 import torch
+
+import nbdist as nd
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
-
-    strategy = nd.MultiWorkerMirroredStrategy()
+    strategy, _ = start()
     with strategy.scope():
         model = torch.nn.Linear(512, 512)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -1,27 +1,23 @@
-"""Worker script of tests/dist/test_gather_buffers.py (`CODE`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_gather_buffers.py (`CODE`)."""
 
 import time
 from datetime import timedelta
 
 import torch
 
+import nbdist as nd
+from tests.dist.workers._prelude import start
+
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
     from nbdist.collectives import agreed
     from nbdist.collectives.direct import MAX_BUFFER_BYTES
     from nbdist.core.reduce.op import ReduceOp
 
-    Options = nd.experimental.CommunicationOptions
-    strategy = nd.MultiWorkerMirroredStrategy(communication_options=Options(timeout_seconds=4))
-    rank = strategy.cluster_resolver.task_id
+    strategy, rank = start(timeout_seconds=4)
     group = strategy._group
     ctx = nd.get_replica_context
 

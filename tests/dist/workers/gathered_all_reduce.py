@@ -1,22 +1,19 @@
-"""Worker script of tests/dist/test_gathered_all_reduce.py (`CODE`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_gathered_all_reduce.py (`CODE`)."""
 
 import torch
+
+import nbdist as nd
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
     from nbdist.collectives import agreed
     from nbdist.core.reduce.op import ReduceOp
 
-    strategy = nd.MultiWorkerMirroredStrategy()
-    rank = strategy.cluster_resolver.task_id
+    strategy, rank = start()
     world = strategy.num_replicas_in_sync
     group = strategy._group
     ctx = nd.get_replica_context

@@ -1,23 +1,19 @@
-"""Worker script of tests/dist/test_multi_worker.py (`WORKER`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_multi_worker.py (`WORKER`)."""
 
 import torch
+
+import nbdist as nd
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     import torch.utils.data as tud
 
-    import nbdist as nd
-
-    strategy = nd.MultiWorkerMirroredStrategy()
+    strategy, rank = start()
     resolver = strategy.cluster_resolver
-    rank = resolver.task_id
     out = {}
 
     # --- topology ---------------------------------------------------------------------------------

@@ -1,17 +1,16 @@
-"""Worker script of tests/dist/test_multi_worker_errors.py (`PRELUDE`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_multi_worker_errors.py (`PRELUDE`)."""
 
 import os
 import pathlib
 import time
 
-import torch
+import torch  # noqa: F401 (the code each test appends uses it)
+
+import nbdist as nd
+from tests.dist.workers._prelude import one_thread
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
+    one_thread()
 
     Options = nd.experimental.CommunicationOptions
     VARIANT = os.environ.get("VARIANT")

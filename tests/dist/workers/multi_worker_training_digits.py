@@ -1,7 +1,4 @@
-"""Worker script of tests/dist/test_multi_worker_training.py (`DIGITS`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_multi_worker_training.py (`DIGITS`)."""
 
 import os
 
@@ -9,16 +6,15 @@ import torch
 import torch.nn.functional as F
 import torch.utils.data as tud
 
+from tests.dist.workers._prelude import start
+
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
-
     GLOBAL_BATCH = 64
-    strategy = nd.MultiWorkerMirroredStrategy()
+    strategy, _ = start()
     features, labels = torch.load(os.environ["DIGITS_PATH"])  # sklearn's digits, from the test
     index = torch.arange(len(labels))
     loader = tud.DataLoader(

@@ -1,20 +1,15 @@
-"""Worker script of tests/dist/test_multi_worker_training.py (`TWO_MODELS`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_multi_worker_training.py (`TWO_MODELS`)."""
 
 import torch
+
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
-
-    strategy = nd.MultiWorkerMirroredStrategy()
-    rank = strategy.cluster_resolver.task_id
+    strategy, rank = start()
     with strategy.scope():
         first = torch.nn.Linear(4, 1)
     with strategy.scope():

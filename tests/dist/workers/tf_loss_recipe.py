@@ -1,21 +1,18 @@
-"""Worker script of tests/dist/test_tf_loss_recipe.py (`RECIPE`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_tf_loss_recipe.py (`RECIPE`)."""
 
 import torch
 import torch.nn.functional as F
+
+import nbdist as nd
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    import nbdist as nd
-
     GLOBAL_BATCH, STEPS, L2 = 16, 5, 0.01
-    strategy = nd.MultiWorkerMirroredStrategy()
+    strategy, _ = start()
     g = torch.Generator().manual_seed(0)                    # the same global batches everywhere
     batches = [(torch.randn(GLOBAL_BATCH, 6, generator=g),
                 torch.randint(0, 3, (GLOBAL_BATCH,), generator=g)) for _ in range(STEPS)]

@@ -1,21 +1,18 @@
-"""Worker script of tests/dist/test_torchmetrics_workers.py (`METRICS`).
-
-Run in each worker process by `nbdist.testing.run_workers` as `__main__`; importing it
-runs nothing."""
+"""Worker script of tests/dist/test_torchmetrics_workers.py (`METRICS`)."""
 
 import torch
+
+from tests.dist.workers._prelude import start
 
 if "report" not in globals():  # run_workers predefines it (a test may pass its own)
     from nbdist.testing import report
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     import torchmetrics
 
-    import nbdist as nd
 
-    strategy = nd.MultiWorkerMirroredStrategy()
+    strategy, _ = start()
     data = torch.Generator().manual_seed(0)
     logits = torch.randn(50, 4, generator=data)
     labels = torch.randint(0, 4, (50,), generator=data)
