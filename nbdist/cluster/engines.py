@@ -553,6 +553,7 @@ class Cluster(CallGuard, BringUp):
                     except Exception as error:  # keep going: the processes are reaped below
                         _LOG.warning("ipyparallel could not stop the cluster cleanly: %s", error)
             self.log_file = write_log(launchers, self._ipp.profile_dir, self._ipp.cluster_id)
+        self._stop_zygote()
         # Left now: helpers (schedulers, nannies) whose controller and engines are gone, and
         # processes that ignored the stop; they get REAP_GRACE_S, then are killed (a stop
         # takes at most 5 s).

@@ -1,0 +1,203 @@
+"""`Zygote`: the notebook's handle on an engine zygote (`_zygote_main`), a fork server.
+
+Local engines forked from one process that has already imported torch, ipyparallel's engine
+and nbdist's engine side start without importing them again: a start's CPU then grows by a
+fork and a registration per engine, not by ~2 s of imports. `Cluster.start` starts a zygote
+first, so its imports overlap the controller's start-up, and the local launcher
+(`zygote_launcher.ZygoteEngineSetLauncher`) asks it for each engine with the command line,
+environment, directory and log file it would have given a new process.
+
+Used where `zygote_wanted()` says so: the local launcher on Linux (`os.fork`), unless
+`NBDIST_ZYGOTE=0` in the notebook's environment, which starts every engine as a Python of its
+own as before. ssh, mpi and slurm engines never use it (they run on other machines, or under
+mpiexec/srun).
+
+Lifetime: the zygote reads its stdin, a pipe from this process; `stop()` closes it, and so does
+the OS when this process dies, however it dies: the zygote then terminates the engines it
+forked and exits (it also watches its parent's pid). Imports no torch and no ipyparallel.
+
+Example (starts a process, so not run here)::
+
+    zygote = Zygote.start(timeout=120)
+    pid = zygote.fork(args, env, cwd, output_file)     # an engine's pid
+    zygote.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nbdist.cluster.errors import ClusterStartError
+from nbdist.cluster.launch.parent_watch import parent_flag
+
+__all__ = ["ZYGOTE_ENV", "ZYGOTE_MODULE", "Zygote", "running_zygote", "zygote_wanted"]
+
+ZYGOTE_MODULE = "nbdist.cluster.launch._zygote_main"
+ZYGOTE_ENV = "NBDIST_ZYGOTE"
+"""`NBDIST_ZYGOTE=0` turns the zygote off: every local engine is a Python of its own."""
+
+_CONNECT_POLL_S = 0.02
+_RUNNING: dict[str, Zygote] = {}  # socket path -> the zygote this process started
+
+
+def running_zygote(socket_path: str) -> Zygote:
+    """The zygote this process started that listens on `socket_path` (for the launcher, which
+    ipyparallel configures with strings only).
+
+    Raises:
+        ClusterStartError: no such zygote runs (stopped, or never started here).
+    """
+    zygote = _RUNNING.get(socket_path)
+    if zygote is None:
+        raise ClusterStartError(
+            f"No engine zygote of this process listens on {socket_path!r} (it was stopped). "
+            "Start the cluster again with Cluster.start(), or set NBDIST_ZYGOTE=0."
+        )
+    return zygote
+
+
+def zygote_wanted(launcher: str) -> bool:
+    """Whether engines of `launcher` are forked from a zygote here: `local`, on Linux, unless
+    `NBDIST_ZYGOTE` is `0`, `false`, `no` or `off`.
+
+    Example:
+        >>> zygote_wanted("ssh")
+        False
+    """
+    setting = os.environ.get(ZYGOTE_ENV, "1").strip().lower()
+    if setting in ("0", "false", "no", "off"):
+        return False
+    return launcher == "local" and sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+class Zygote:
+    """A running zygote process: `fork` asks it for an engine, `stop` ends it.
+
+    Attributes:
+        process: Its `subprocess.Popen`.
+        socket_path: The Unix socket it answers on (in a directory only its owner can enter).
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], directory: str, timeout: float):
+        self.process = process
+        self.directory = directory
+        self.socket_path = os.path.join(directory, "socket")
+        self.log_path = os.path.join(directory, "zygote.log")
+        self.timeout = timeout
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(cls, timeout: float, env: Mapping[str, str] | None = None) -> Zygote:
+        """Launch a zygote (it begins its imports at once); return without waiting for them.
+
+        Args:
+            timeout: Seconds a `fork` waits for the zygote to be ready.
+            env: Variables added to this process's environment for the zygote: those read
+                when torch is imported (`OMP_NUM_THREADS`) must be the engines' already.
+        """
+        directory = tempfile.mkdtemp(prefix="nbdist-zygote-")  # mode 0700
+        environment = dict(os.environ)
+        environment.update(env or {})
+        environment["PYTHONUNBUFFERED"] = "1"
+        with open(os.path.join(directory, "zygote.log"), "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", ZYGOTE_MODULE, os.path.join(directory, "socket"),
+                 parent_flag()],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                start_new_session=True,  # a Ctrl-C in the notebook is not the zygote's
+            )  # fmt: skip
+        zygote = cls(process, directory, timeout)
+        _RUNNING[zygote.socket_path] = zygote
+        return zygote
+
+    @property
+    def pid(self) -> int:
+        """The zygote's pid."""
+        return self.process.pid
+
+    def output(self) -> str:
+        """What the zygote printed (its imports' errors)."""
+        try:
+            with open(self.log_path, errors="replace") as log:
+                return log.read()
+        except OSError:
+            return ""
+
+    def fork(
+        self, args: Sequence[str], env: Mapping[str, str], cwd: str, output: str
+    ) -> int:
+        """Fork an engine that runs as `args` would, with environment `env` (all of it), in
+        `cwd`, printing to `output`; its pid. Waits for the zygote's imports, up to `timeout`.
+
+        Raises:
+            ClusterStartError: the zygote exited or refused; the message has its output.
+        """
+        request = {"args": list(args), "env": dict(env), "cwd": cwd, "output": output}
+        with self._lock:  # one request at a time (launchers start engines one by one)
+            deadline = time.monotonic() + self.timeout
+            connection = self._connect(deadline)
+            with connection:
+                connection.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    connection.sendall(json.dumps(request).encode() + b"\n")
+                    line = connection.makefile("rb").readline()
+                except OSError as error:
+                    raise self._error(f"did not answer ({error})") from None
+        if not line:
+            raise self._error("exited before forking the engine")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise self._error(f"could not fork the engine: {reply['error']}")
+        return int(reply["pid"])
+
+    def _connect(self, deadline: float) -> socket.socket:
+        while True:
+            if self.process.poll() is not None:
+                raise self._error(f"exited with status {self.process.returncode}")
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                connection.connect(self.socket_path)
+                return connection
+            except (FileNotFoundError, ConnectionRefusedError):
+                connection.close()  # not listening yet: it has just started
+            if time.monotonic() >= deadline:
+                raise self._error(f"was not listening within {self.timeout:g} s")
+            time.sleep(_CONNECT_POLL_S)
+
+    def _error(self, what: str) -> ClusterStartError:
+        text = self.output().strip()
+        tail = "\n".join(text.splitlines()[-30:])
+        return ClusterStartError(
+            f"The engine zygote (pid {self.pid}) {what}. Set {ZYGOTE_ENV}=0 in the notebook's "
+            "environment to start every engine as a Python process of its own."
+            + (f"\n--- its output:\n{tail}" if tail else "")
+        )
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Close its stdin (it terminates the engines it forked that still run, then exits),
+        wait up to `grace` s, kill it if it is still there, remove its directory."""
+        _RUNNING.pop(self.socket_path, None)
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(grace)
+        shutil.rmtree(self.directory, ignore_errors=True)
