@@ -192,7 +192,6 @@ class BringUp:
         self._record_processes()
         self._greeter = greeter
 
-
     def _start_zygote(self, deadline: float, env: dict[str, str]) -> dict[str, Any]:
         """Launch the engine zygote (its imports overlap the controller's start); the
         ipyparallel `Cluster` arguments whose launcher asks it for the engines."""

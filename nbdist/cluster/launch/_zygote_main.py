@@ -74,8 +74,8 @@ def _import_engine_modules() -> None:
     from ipyparallel.engine import nanny  # noqa: F401
     from ipyparallel.engine.app import IPEngine  # noqa: F401
 
-    from nbdist.cluster.launch import _engine_main  # noqa: F401
     from nbdist.cluster.engine_side import entry_points, guards, joining  # noqa: F401
+    from nbdist.cluster.launch import _engine_main  # noqa: F401
 
 
 def _serve(listener: socket.socket, parent: int) -> None:

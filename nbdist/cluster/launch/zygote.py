@@ -36,7 +36,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from nbdist.cluster.errors import ClusterStartError
 from nbdist.cluster.launch.parent_watch import parent_flag
@@ -137,9 +136,7 @@ class Zygote:
         except OSError:
             return ""
 
-    def fork(
-        self, args: Sequence[str], env: Mapping[str, str], cwd: str, output: str
-    ) -> int:
+    def fork(self, args: Sequence[str], env: Mapping[str, str], cwd: str, output: str) -> int:
         """Fork an engine that runs as `args` would, with environment `env` (all of it), in
         `cwd`, printing to `output`; its pid. Waits for the zygote's imports, up to `timeout`.
 
