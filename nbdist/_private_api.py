@@ -178,12 +178,11 @@ def launcher_has_exited(launcher: Any) -> bool:
     return thread is not None and not thread.is_alive()
 
 
-def replace_nanny_starter(start: Callable[..., Any]) -> None:
-    """Make ipyparallel's engine start its nanny with `start(**kwargs)` (it calls
-    `ipyparallel.engine.app.start_nanny`, which must return `(nanny_url, handle)`)."""
-    from ipyparallel.engine import app
-
-    app.start_nanny = start  # type: ignore[attr-defined]
+def replace_nanny_starter(engine_app: types.ModuleType, start: Callable[..., Any]) -> None:
+    """Make ipyparallel's engine start its nanny with `start(**kwargs)`: `engine_app` is the
+    module `ipyparallel.engine.app` (passed in: this module imports no ipyparallel), whose
+    `start_nanny` the engine calls; `start` must return `(nanny_url, handle)`."""
+    engine_app.start_nanny = start  # type: ignore[attr-defined]
 
 
 def client_location(client: Any) -> str | None:

@@ -169,7 +169,7 @@ def test_ipyparallel_engine_starts_its_nanny_through_the_module_function():
     assert "kwargs['pipe'] = sys.stdout" in inspect.getsource(nanny.main), "nanny's pipe moved"
     saved = app.start_nanny
     try:
-        private.replace_nanny_starter(len)
+        private.replace_nanny_starter(app, len)
         assert app.start_nanny is len
     finally:
         app.start_nanny = saved

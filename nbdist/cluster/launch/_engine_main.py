@@ -81,7 +81,7 @@ def _fork_nanny() -> None:
     import pickle
     import signal
 
-    from ipyparallel.engine import nanny
+    from ipyparallel.engine import app, nanny
 
     from nbdist._private_api import replace_nanny_starter
 
@@ -118,10 +118,16 @@ def _fork_nanny() -> None:
         reader = os.fdopen(url_read, "rb")
         url = reader.readline().decode("utf8").strip()
         if not url:
-            raise RuntimeError("nanny failed")
+            from nbdist.cluster.errors import ClusterStartError
+
+            raise ClusterStartError(
+                f"The engine's nanny (pid {pid}) exited before it started (its error is above "
+                "in this engine's output). Set NBDIST_ZYGOTE=0 in the notebook's environment "
+                "to start engines and nannies as processes of their own."
+            )
         return url, _Nanny(pid, reader)
 
-    replace_nanny_starter(start_nanny)
+    replace_nanny_starter(app, start_nanny)
 
 
 def _exit_at_once() -> None:
