@@ -176,7 +176,8 @@ def _become_engine(request: dict[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     args = list(request["args"])
-    module = "nbdist.cluster.launch._engine_main"
+    from nbdist.cluster.launch.zygote import ENGINE_MODULE as module
+
     rest = args[args.index(module) + 1 :] if module in args else args[1:]
     from nbdist.cluster.launch.parent_watch import PARENT_FLAG
 

@@ -59,7 +59,7 @@ from typing import Any
 from nbdist.cluster.launch._controller_main import START_ENGINES_FLAG
 from nbdist.cluster.launch.parent_watch import NO_PARENT_FLAG, parent_flag
 from nbdist.cluster.launch.plan import LaunchPlan
-from nbdist.cluster.launch.zygote import zygote_wanted
+from nbdist.cluster.launch.zygote import ENGINE_MODULE, zygote_wanted
 
 __all__ = [
     "CONTROLLER_MODULE",
@@ -70,11 +70,9 @@ __all__ = [
     "probe_hosts",
 ]
 
-ENGINE_MODULE = "nbdist.cluster.launch._engine_main"
 STOP_KILL_S = 2
 """Seconds a local engine gets to exit after SIGTERM before it is killed (a normal engine
 exits at once: `_engine_main`)."""
-"""The module every engine runs (`python -m ...`)."""
 
 ZYGOTE_LAUNCHER = "nbdist.cluster.launch.zygote_launcher.ZygoteEngineSetLauncher"
 """The engine-set launcher of local engines forked from a zygote."""

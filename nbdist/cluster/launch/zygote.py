@@ -40,9 +40,18 @@ from collections.abc import Mapping, Sequence
 from nbdist.cluster.errors import ClusterStartError
 from nbdist.cluster.launch.parent_watch import parent_flag
 
-__all__ = ["ZYGOTE_ENV", "ZYGOTE_MODULE", "Zygote", "running_zygote", "zygote_wanted"]
+__all__ = [
+    "ENGINE_MODULE",
+    "ZYGOTE_ENV",
+    "ZYGOTE_MODULE",
+    "Zygote",
+    "running_zygote",
+    "zygote_wanted",
+]
 
 ZYGOTE_MODULE = "nbdist.cluster.launch._zygote_main"
+ENGINE_MODULE = "nbdist.cluster.launch._engine_main"
+"""The module every engine runs; the zygote runs it in each engine it forks."""
 ZYGOTE_ENV = "NBDIST_ZYGOTE"
 """`NBDIST_ZYGOTE=0` turns the zygote off: every local engine is a Python of its own."""
 
