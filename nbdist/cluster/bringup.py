@@ -36,7 +36,7 @@ from nbdist.cluster.launch.startup import (
     wait_for_registration,
 )
 from nbdist.cluster.launch.stop_log import keep_crash_output
-from nbdist.cluster.launch.zygote import Zygote
+from nbdist.cluster.launch.zygote import Zygote, take_spare
 from nbdist.cluster.status import EngineInfo
 
 __all__ = ["ATTACH", "BringUp", "Greeter", "controller_address"]
@@ -199,18 +199,34 @@ class BringUp:
         import time
 
         remaining = max(1.0, deadline - time.monotonic())
-        zygote = self._zygote = Zygote.start(remaining, env)
+        kept = self._zygote  # the one that forked the engines before a restart
+        if kept is not None and kept.process.poll() is None:
+            said = "engine zygote kept from the last start (torch imported already)"
+        else:
+            kept = take_spare()  # started by `%dist start` before its own imports
+            said = "engine zygote taken (launched with the %dist start line)"
+        if kept is None:
+            kept = Zygote.start(remaining, env)
+            said = "engine zygote launched (it imports torch for every engine)"
+        zygote = self._zygote = kept
+        zygote.timeout = remaining
         self._processes.record([zygote.pid])
-        self._clock.stage("engine zygote launched (it imports torch for every engine)")
+        self._clock.stage(said)
         kwargs = dict(self._settings.cluster_kwargs)
         config = kwargs["config"] = copy.deepcopy(kwargs["config"])
         config.ZygoteEngineLauncher.zygote_socket = zygote.socket_path
         return kwargs
 
-    def _stop_zygote(self) -> None:
-        """Stop the zygote (the engines it forked are stopped before; any left, it stops)."""
+    def _stop_zygote(self, keep: bool = False) -> None:
+        """Stop the zygote (the engines it forked are stopped before; any left, it stops);
+        with `keep` (a restart), keep it running for the next start instead."""
         zygote, self._zygote = self._zygote, None
-        if zygote is not None:
+        if zygote is None:
+            return
+        if keep and zygote.process.poll() is None:
+            self._zygote = zygote
+            self._processes.forget([zygote.pid])  # not reaped with the engines' nannies
+        else:
             zygote.stop()
 
     def _join(self, deadline: float) -> None:

@@ -253,6 +253,9 @@ class DistMagics(Magics):
         if args.variable_partitioner is not None:
             namespace = self.shell.user_ns if self.shell is not None else {}
             extra["variable_partitioner"] = partitioner_option(args.variable_partitioner, namespace)
+        from nbdist.cluster.launch import zygote
+
+        zygote.start_spare(args.launcher, args.timeout)  # imports torch while this cell does
         from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError
 
         try:
@@ -263,6 +266,7 @@ class DistMagics(Magics):
                 launcher_options=_launcher_options(args.launcher_option), **extra,
             )  # fmt: skip
         except (ValueError, TypeError, NotImplementedError, RuntimeError) as error:
+            zygote.discard_spare()
             raise UsageError(f"%dist start: {error}") from None
         try:
             cluster.start(progress=_print_progress, began=began)

@@ -224,6 +224,10 @@ def ipyparallel_settings(
         "config": config,
         "shutdown_atexit": False,  # nd.Cluster stops its clusters at exit itself
     }
+    if zygote:
+        # forked at once, not after the controller has written its connection file: they
+        # wait for the file (wait_for_url_file) while they start their nannies
+        kwargs["send_engines_connection_env"] = False
     if profile_dir is not None:
         kwargs["profile_dir"] = profile_dir
     return IpyparallelSettings(

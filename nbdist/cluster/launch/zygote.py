@@ -45,7 +45,10 @@ __all__ = [
     "ZYGOTE_ENV",
     "ZYGOTE_MODULE",
     "Zygote",
+    "discard_spare",
     "running_zygote",
+    "start_spare",
+    "take_spare",
     "zygote_wanted",
 ]
 
@@ -207,3 +210,49 @@ class Zygote:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(grace)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_SPARE: list[Zygote] = []  # at most one: started ahead of a start that will take it
+
+
+def start_spare(launcher: str = "local", timeout: float = 120.0) -> None:
+    """Start a zygote now for the next `Cluster.start` of this process to take (`take_spare`),
+    when `launcher`'s engines would use one and none is waiting: `%dist start` calls it before
+    its own imports (torch, ipyparallel), so that the zygote imports alongside them.
+
+    A spare stops with this process (its stdin closes), at exit, or by `discard_spare()`.
+    """
+    if not zygote_wanted(launcher):
+        return
+    if _SPARE and _SPARE[0].process.poll() is None:
+        return
+    discard_spare()
+    _SPARE.append(Zygote.start(timeout))
+    _register_atexit()
+
+
+def take_spare() -> Zygote | None:
+    """The waiting spare zygote (no longer spare), or None when there is none alive."""
+    while _SPARE:
+        zygote = _SPARE.pop()
+        if zygote.process.poll() is None:
+            return zygote
+        zygote.stop()
+    return None
+
+
+def discard_spare() -> None:
+    """Stop the spare zygote, if any (a `%dist start` that failed before starting)."""
+    while _SPARE:
+        _SPARE.pop().stop()
+
+
+_atexit_registered: list[bool] = []
+
+
+def _register_atexit() -> None:
+    if not _atexit_registered:
+        import atexit
+
+        atexit.register(discard_spare)
+        _atexit_registered.append(True)
