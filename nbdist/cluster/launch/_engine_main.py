@@ -94,6 +94,9 @@ def _fork_nanny() -> None:
             os.close(settings_write)
             os.close(url_read)
             os.setsid()  # as ipyparallel starts it: signals to the engine's group skip it
+            from nbdist.cluster.launch._zygote_main import name_process
+
+            name_process(b"nbdist-nanny")
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             with os.fdopen(settings_read, "rb") as source:
                 data = source.read()

@@ -18,8 +18,8 @@ makes the zygote terminate the engines it forked that are still running and exit
 Each forked engine, before it runs ipyparallel's engine with the requested arguments
 (`_engine_main.run`): starts a session of its own (as ipyparallel's launcher does), sends its
 stdout and stderr to its own log file, takes the requested working directory and environment
-(`CUDA_VISIBLE_DEVICES`, `NBDIST_*`, ...), draws fresh seeds for Python's `random` (and
-numpy's global generator, if imported) as a fresh process would, and watches the zygote as its
+(`CUDA_VISIBLE_DEVICES`, `NBDIST_*`, ...), draws fresh seeds for Python's `random`, torch and
+numpy (if imported) as a fresh process would, and watches the zygote as its
 parent (`parent_watch`: the zygote watches the notebook, so a killed notebook stops both).
 
 Note [No CUDA before fork]: the zygote imports torch but never initialises CUDA (no
@@ -29,8 +29,12 @@ subprocess"), and each engine must start CUDA itself, after its `CUDA_VISIBLE_DE
 to see only its GPU. `torch.cuda.is_initialized()` is checked before every fork; a zygote that
 finds it True refuses to fork (the launcher then reports the error).
 
-Seeds: torch's global generator is left as a fresh process has it (its fixed default seed:
-the zygote never draws from it), Python's hash seed is the zygote's, shared by its engines.
+A forked engine keeps the zygote's command line (`ps` shows `..._zygote_main`); its name
+(`ps -o comm`, `top`, psutil's `name()`) is `nbdist-engine`, its nanny's `nbdist-nanny`.
+
+Seeds: each engine draws new seeds from the OS for Python's `random`, torch's global
+generator (CPU) and numpy's global generator (if imported), as a fresh process does; Python's
+hash seed (string hashing) is the zygote's, shared by its engines.
 
 Example (a process of its own; `Zygote.start` runs it)::
 
@@ -183,6 +187,16 @@ def _become_engine(request: dict[str, Any]) -> None:
 
     sys.argv = [args[0], *(a for a in rest if not a.startswith(PARENT_FLAG))]
     _reseed()
+    name_process(b"nbdist-engine")
+
+
+def name_process(name: bytes) -> None:
+    """Name this process `name` for `top`, `ps -o comm` and psutil's `name()` (a fork keeps
+    the zygote's command line, which `ps` still shows)."""
+    with contextlib.suppress(Exception):  # not glibc: the name stays the zygote's
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
 
 
 def _reseed() -> None:
@@ -190,7 +204,10 @@ def _reseed() -> None:
     would otherwise be every engine's)."""
     import random
 
+    import torch
+
     random.seed()
+    torch.seed()  # a fresh process's torch draws its default seed from the OS as well
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         with contextlib.suppress(Exception):
