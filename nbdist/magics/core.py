@@ -256,23 +256,25 @@ class DistMagics(Magics):
         from nbdist.cluster.launch import zygote
 
         zygote.start_spare(args.launcher, args.timeout)  # imports torch while this cell does
-        from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError
+        try:  # the spare is stopped unless the cluster took it (a failed start stopped it)
+            from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError
 
-        try:
-            cluster = Cluster(
-                n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,
-                backend=args.backend, strategy=args.strategy, timeout=args.timeout,
-                collective_timeout=wait,
-                launcher_options=_launcher_options(args.launcher_option), **extra,
-            )  # fmt: skip
-        except (ValueError, TypeError, NotImplementedError, RuntimeError) as error:
+            try:
+                cluster = Cluster(
+                    n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,
+                    backend=args.backend, strategy=args.strategy, timeout=args.timeout,
+                    collective_timeout=wait,
+                    launcher_options=_launcher_options(args.launcher_option), **extra,
+                )  # fmt: skip
+            except (ValueError, TypeError, NotImplementedError, RuntimeError) as error:
+                raise UsageError(f"%dist start: {error}") from None
+            try:
+                cluster.start(progress=_print_progress, began=began)
+            except (ClusterStartError, EngineTimeoutError) as error:
+                # Everything started was stopped; the message names the cause and the fix.
+                raise UsageError(f"%dist start: {error}") from None
+        finally:
             zygote.discard_spare()
-            raise UsageError(f"%dist start: {error}") from None
-        try:
-            cluster.start(progress=_print_progress, began=began)
-        except (ClusterStartError, EngineTimeoutError) as error:
-            # Everything started was stopped; the message names the cause and the fix.
-            raise UsageError(f"%dist start: {error}") from None
         self.cluster = cluster
         namespace = self.shell.user_ns if self.shell is not None else {}
         published = ""
