@@ -36,7 +36,7 @@ from nbdist.cluster.launch.startup import (
     wait_for_registration,
 )
 from nbdist.cluster.launch.stop_log import keep_crash_output
-from nbdist.cluster.launch.zygote import Zygote, take_spare
+from nbdist.cluster.launch.zygote import Zygote, return_spare, take_spare
 from nbdist.cluster.status import EngineInfo
 
 __all__ = ["ATTACH", "BringUp", "Greeter", "controller_address"]
@@ -203,8 +203,8 @@ class BringUp:
         if kept is not None and kept.process.poll() is None:
             said = "engine zygote kept from the last start (torch imported already)"
         else:
-            kept = take_spare()  # started by `%dist start` before its own imports
-            said = "engine zygote taken (launched with the %dist start line)"
+            kept = take_spare()  # started by `%dist start` before its imports, or kept warm
+            said = "engine zygote taken (launched before this start: its imports overlap)"
         if kept is None:
             kept = Zygote.start(remaining, env)
             said = "engine zygote launched (it imports torch for every engine)"
@@ -226,6 +226,8 @@ class BringUp:
         if keep and zygote.process.poll() is None:
             self._zygote = zygote
             self._processes.forget([zygote.pid])  # not reaped with the engines' nannies
+        elif return_spare(zygote):  # kept warm for the next cluster (`%dist warm on`)
+            self._processes.forget([zygote.pid])
         else:
             zygote.stop()
 

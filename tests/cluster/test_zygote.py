@@ -196,6 +196,79 @@ def test_dist_start_restart_stop_leave_no_process(ipython_dir):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "engine zygote taken (launched with the %dist start line)" in done.stdout
+    assert "engine zygote taken (launched before this start: its imports overlap)" in done.stdout
     assert "engine zygote kept from the last start" in done.stdout
     assert set(seen["first"]) & set(seen["second"]), "the restart kept the zygote"
+
+
+WARM = """
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+from nbdist.testing import assert_processes_gone
+from nbdist.cluster.launch import zygote
+
+def say(**values):
+    print(json.dumps(values), flush=True)
+
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "nbdist")
+shell.run_line_magic("dist", "warm on")
+first = zygote.warm_zygote().pid
+shell.run_line_magic("dist", "start -n 2")
+cluster = shell.user_ns["cluster"]
+pids = cluster.processes
+shell.run_line_magic("dist", "stop")
+assert_processes_gone(tuple(set(pids) - {first}), 20.0)  # all but the warm zygote
+kept = zygote.warm_zygote().pid
+shell.run_line_magic("dist", "warm")
+shell.run_line_magic("dist", "warm off")
+assert_processes_gone((first,), 20.0)
+shell.run_line_magic("dist", "warm")
+from IPython.core.error import UsageError
+try:
+    shell.run_line_magic("dist", "warm maybe")
+except UsageError as error:
+    print("refused:", error)
+shell.run_line_magic("dist", "warm on")
+second = zygote.warm_zygote().pid
+say(first=first, pids=pids, kept=kept, second=second)
+sys.stdin.read()  # until the test kills this process
+"""
+
+
+def test_a_warm_zygote_serves_the_next_start_and_never_outlives_its_owner(ipython_dir):
+    """`%dist warm on`: the next `%dist start` takes the waiting zygote, `%dist stop` hands it
+    back (every other process gone), `%dist warm off` stops it, and a killed owner leaves none.
+    """
+    owner = subprocess.Popen(
+        [sys.executable, "-c", WARM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: dict = {}
+    try:
+        lines = []
+        for line in owner.stdout:  # bounded: the start's own timeout (120 s)
+            lines.append(line)
+            if line.startswith("{"):
+                seen = json.loads(line)
+                break
+        output = "".join(lines)
+        assert seen, output + owner.stderr.read() if owner.poll() is not None else output
+        assert "engine zygote taken (launched before this start" in output
+        assert seen["first"] in seen["pids"]  # the cluster's engines came from the warm one
+        assert seen["kept"] == seen["first"]
+        assert f"An engine zygote is kept warm (pid {seen['first']}, " in output
+        assert "MiB)" in output
+        assert "No engine zygote is kept warm (`%dist warm on` keeps one ready)." in output
+        assert "refused: %dist warm takes `on`, `off` or nothing" in output
+        assert seen["second"] != seen["first"] and psutil.pid_exists(seen["second"])
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+        assert_processes_gone((seen["second"],), GONE_WITHIN_S)
+    finally:
+        with contextlib.suppress(Exception):
+            owner.kill()
+            owner.wait(timeout=10)
+        for pid in [*seen.get("pids", []), seen.get("second")]:
+            with contextlib.suppress(psutil.Error, TypeError, ValueError):
+                psutil.Process(pid).kill()

@@ -46,9 +46,13 @@ __all__ = [
     "ZYGOTE_MODULE",
     "Zygote",
     "discard_spare",
+    "keep_warm",
+    "keeps_warm",
+    "return_spare",
     "running_zygote",
     "start_spare",
     "take_spare",
+    "warm_zygote",
     "zygote_wanted",
 ]
 
@@ -213,6 +217,7 @@ class Zygote:
 
 
 _SPARE: list[Zygote] = []  # at most one: started ahead of a start that will take it
+_WARM: list[bool] = [False]  # keep_warm(True): a spare is kept ready between clusters
 
 
 def start_spare(launcher: str = "local", timeout: float = 120.0) -> None:
@@ -241,10 +246,58 @@ def take_spare() -> Zygote | None:
     return None
 
 
-def discard_spare() -> None:
-    """Stop the spare zygote, if any (a `%dist start` that failed before starting)."""
+def discard_spare(unless_warm: bool = False) -> None:
+    """Stop the spare zygote, if any (a `%dist start` that failed before starting); with
+    `unless_warm`, only when it is not kept warm (`keep_warm`)."""
+    if unless_warm and _WARM[0]:
+        return
     while _SPARE:
         _SPARE.pop().stop()
+
+
+def return_spare(zygote: Zygote) -> bool:
+    """Keep `zygote` (whose engines have all been stopped) as the warm spare when this process
+    keeps one (`keep_warm(True)`) and has none yet; True if it was kept (else stop it)."""
+    if not _WARM[0] or zygote.process.poll() is not None:
+        return False
+    if _SPARE and _SPARE[0].process.poll() is None:
+        return False
+    discard_spare()
+    _SPARE.append(zygote)
+    return True
+
+
+def keep_warm(on: bool, timeout: float = 120.0) -> Zygote | None:
+    """Keep an engine zygote ready between clusters (`on`), or not (the default).
+
+    On: a zygote is started now (unless one waits already) and imports torch, ipyparallel's
+    engine and nbdist's engine side; the next local `Cluster.start` forks its engines from it
+    without waiting for those imports, and `stop()` hands it back instead of stopping it. It
+    holds its memory meanwhile (docs/notebooks.md says how much). Off: the waiting zygote is
+    stopped now; a cluster's own zygote stops with it again. Either way it stops when this
+    process exits or dies. `%dist warm on|off` calls this.
+
+    Returns:
+        The waiting zygote (on), or None.
+    """
+    _WARM[0] = bool(on)
+    if not on:
+        discard_spare()
+        return None
+    start_spare("local", timeout)
+    return warm_zygote()
+
+
+def warm_zygote() -> Zygote | None:
+    """The zygote waiting for the next start, if any (alive)."""
+    if _SPARE and _SPARE[0].process.poll() is None:
+        return _SPARE[0]
+    return None
+
+
+def keeps_warm() -> bool:
+    """Whether this process keeps a zygote ready between clusters (`keep_warm`)."""
+    return _WARM[0]
 
 
 _atexit_registered: list[bool] = []
