@@ -25,7 +25,7 @@ from typing import Any
 
 from nbdist._private_api import client_location
 from nbdist.cluster.engine_side import joining
-from nbdist.cluster.errors import ClusterStartError
+from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
 from nbdist.cluster.launch.launchers import IpyparallelSettings, probe_hosts
 from nbdist.cluster.launch.lockdown import private_dirs, private_files
 from nbdist.cluster.launch.startup import (
@@ -172,7 +172,7 @@ class BringUp:
             env.update(environment)
             try:
                 ipp.start_engines_sync(n=count, environment=env)
-            except ClusterStartError:  # the zygote's, with its output
+            except (ClusterStartError, EngineTimeoutError):  # the zygote's (with its output)
                 raise
             except Exception as error:
                 raise ClusterStartError(launch_failure(plan, error)) from error
@@ -210,6 +210,7 @@ class BringUp:
             said = "engine zygote launched (it imports torch for every engine)"
         zygote = self._zygote = kept
         zygote.timeout = remaining
+        zygote.limit = self.plan.timeout
         self._processes.record([zygote.pid])
         self._clock.stage(said)
         kwargs = dict(self._settings.cluster_kwargs)

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from nbdist.cluster.errors import ClusterStartError
+from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
 from nbdist.cluster.launch.parent_watch import parent_flag
 
 __all__ = [
@@ -110,6 +110,8 @@ class Zygote:
         self.socket_path = os.path.join(directory, "socket")
         self.log_path = os.path.join(directory, "zygote.log")
         self.timeout = timeout
+        self.limit = timeout
+        """The start's whole timeout, named when `fork` runs out of `timeout`."""
         self._lock = threading.Lock()
 
     @classmethod
@@ -158,6 +160,7 @@ class Zygote:
 
         Raises:
             ClusterStartError: the zygote exited or refused; the message has its output.
+            EngineTimeoutError: it was not ready within `timeout` (still importing).
         """
         request = {"args": list(args), "env": dict(env), "cwd": cwd, "output": output}
         with self._lock:  # one request at a time (launchers start engines one by one)
@@ -168,6 +171,8 @@ class Zygote:
                 try:
                     connection.sendall(json.dumps(request).encode() + b"\n")
                     line = connection.makefile("rb").readline()
+                except TimeoutError:
+                    raise self._late("was still importing torch") from None
                 except OSError as error:
                     raise self._error(f"did not answer ({error})") from None
         if not line:
@@ -188,8 +193,15 @@ class Zygote:
             except (FileNotFoundError, ConnectionRefusedError):
                 connection.close()  # not listening yet: it has just started
             if time.monotonic() >= deadline:
-                raise self._error(f"was not listening within {self.timeout:g} s")
+                raise self._late("was not listening yet")
             time.sleep(_CONNECT_POLL_S)
+
+    def _late(self, what: str) -> EngineTimeoutError:
+        return EngineTimeoutError(
+            f"The engines did not start within timeout={self.limit:g} s: the engine zygote "
+            f"(pid {self.pid}) {what}. Raise the timeout (Cluster(timeout=...), or `%dist "
+            "start --timeout S`) on a slow or busy machine."
+        )
 
     def _error(self, what: str) -> ClusterStartError:
         text = self.output().strip()
