@@ -144,7 +144,8 @@ def _child(request: dict[str, Any], close: list[int]) -> NoReturn:
     """The forked engine: become what `request` asks for, run the engine, exit."""
     code = 1
     try:
-        for fd in close:
+        signal.set_wakeup_fd(-1)  # before its pipe is closed here
+        for fd in close:  # (their Python objects stay on this stack, never finalised)
             os.close(fd)
         _become_engine(request)
         from nbdist.cluster.launch._engine_main import run
@@ -165,7 +166,6 @@ def _child(request: dict[str, Any], close: list[int]) -> NoReturn:
 def _become_engine(request: dict[str, Any]) -> None:
     """In the forked child: the session, output, directory, environment and seeds of a new
     process started with `request`'s command line."""
-    signal.set_wakeup_fd(-1)
     for number in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(number, signal.SIG_DFL)
     os.setsid()  # ipyparallel starts engines in a session of their own (start_new_session)
