@@ -240,13 +240,27 @@ def _spin(stop: Any) -> None:
 NO_ZYGOTE = "nbdist, NBDIST_ZYGOTE=0"
 """The side that starts every engine as a Python of its own (as before the zygote)."""
 
+NO_SPARE = "nbdist, zygote after the imports"
+"""The side whose zygote `Cluster.start` launches after the notebook's imports (`%dist start`
+launches it before them: does that overlap pay on 2 cores?)."""
+
+_NBDIST_NO_SPARE = _NBDIST.replace(
+    "shell = InteractiveShell.instance()",
+    "import nbdist.cluster.launch.zygote as _zygote\n"
+    "_zygote.start_spare = lambda *args, **kwargs: None\n"
+    "shell = InteractiveShell.instance()",
+    1,
+)
+
 
 def _side_by_side(
-    trials: int, jd: str | None, baseline: bool = False
+    trials: int, jd: str | None, baseline: bool = False, no_spare: bool = False
 ) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {"nbdist": [], "ipyparallel": []}
     if baseline:
         runs[NO_ZYGOTE] = []
+    if no_spare:
+        runs[NO_SPARE] = []
     if jd:
         runs["jupyter-distributed"] = []
     for trial in range(trials):
@@ -258,6 +272,8 @@ def _side_by_side(
                 result = _run(sys.executable, _NBDIST, "2", "1")
             elif side == NO_ZYGOTE:
                 result = _run(sys.executable, _NBDIST, "2", "1", zygote=False)
+            elif side == NO_SPARE:
+                result = _run(sys.executable, _NBDIST_NO_SPARE, "2", "1")
             elif side == "ipyparallel":
                 result = _run(sys.executable, _IPYPARALLEL)
             else:
@@ -318,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="leave out the runs with NBDIST_ZYGOTE=0 (every engine a Python of its own)",
     )
+    parser.add_argument(
+        "--no-spare-too",
+        action="store_true",
+        help="also a side whose zygote starts after the notebook's imports, not before them",
+    )
     args = parser.parse_args(argv)
     trials = 2 if args.quick else args.trials
     curve = [1, 2] if args.quick else [int(n) for n in args.curve.split(",")]
@@ -328,11 +349,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n1. side by side (fresh process each, to a first trivial cell done)", flush=True)
     baseline = not args.no_baseline
-    runs = _side_by_side(trials, jd, baseline)
+    runs = _side_by_side(trials, jd, baseline, args.no_spare_too)
     headers = ["", "start to ready", "to first cell done", "load (1 min)", "trials"]
     print(table(headers, _summary(runs)))
     nbdist_runs = runs["nbdist"]
-    for side in ("nbdist", NO_ZYGOTE) if baseline else ("nbdist",):
+    for side in [side for side in ("nbdist", NO_ZYGOTE, NO_SPARE) if side in runs]:
         print(
             f"{side}: %load_ext {median([r['load_ext'] for r in runs[side]]) * 1e3:.0f} ms; "
             f"%dist start -n 2: {median([r['start'] for r in runs[side]]):.2f} s; cluster "
