@@ -117,8 +117,10 @@ def test_an_engine_that_dies_before_registering_is_reported_with_its_output(ipyt
     crash = ["--IPEngine.url_file=/nonexistent/nbdist-zygote-test.json",
              "--IPEngine.wait_for_url_file=0.1"]  # fmt: skip
     cluster = Cluster(n=2, timeout=60, launcher_options={"engine_args": crash})
+    lines: list[str] = []
     with pytest.raises(ClusterStartError) as info:
-        cluster.start()
+        cluster.start(progress=lines.append)
+    assert any("engine(s) forked from the zygote" in line for line in lines), lines
     message = str(info.value)
     assert "exited before registering" in message
     assert "connection file never arrived" in message  # the engine's own output
