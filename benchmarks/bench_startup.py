@@ -22,7 +22,11 @@ shared). Reported, medians of `--trials` (>= 5 by default):
    (`%load_ext` <= 0.2 s, start <= 1.5 s on a quiet machine, 8 engines' CPU <= 2x 2 engines').
    A missed target prints MISS; it is not a failure.
 
-Also the CPU seconds the cluster's processes used to start (load-independent, unlike wall time).
+Also the CPU seconds the cluster's processes used to start (load-independent, unlike wall time),
+and the notebook's own. Local engines are forked from an engine zygote (docs/notebooks.md,
+Start-up); unless `--no-baseline`, every figure is also measured with `NBDIST_ZYGOTE=0` (each
+engine a Python of its own, importing torch itself), side by side, and the zygote's memory is
+recorded.
 
 Run: `python benchmarks/bench_startup.py [--trials 5] [--quick] [--loaded] [--curve 1,2,4,8]`
 (~4 min quiet on 2 cores, 15 min at load 20). Writes
@@ -62,12 +66,18 @@ shell = InteractiveShell.instance()
 n, cells = int(sys.argv[1]), int(sys.argv[2])
 load = os.getloadavg()[0]
 out = io.StringIO()
+import resource
+def _own_cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+cpu_before = _own_cpu()
 begin = time.perf_counter()
 with contextlib.redirect_stdout(out):
     shell.run_line_magic("load_ext", "nbdist")
     loaded = time.perf_counter()
     shell.run_line_magic("dist", f"start -n {n}")
     ready = time.perf_counter()
+    notebook_cpu = _own_cpu() - cpu_before
     cluster = shell.user_ns["cluster"]
     latencies = []
     for _ in range(cells):
@@ -81,13 +91,26 @@ for pid in cluster.processes:
     with contextlib.suppress(psutil.Error):
         times = psutil.Process(pid).cpu_times()
         cpu += times.user + times.system
+zygote_memory = None
+for pid in cluster.processes:  # the engine zygote (its forks are named nbdist-*)
+    with contextlib.suppress(psutil.Error):
+        process = psutil.Process(pid)
+        zygote = "_zygote_main" in " ".join(process.cmdline())
+        if zygote and not process.name().startswith("nbdist-"):
+            info = process.memory_full_info()
+            zygote_memory = {"rss_mb": info.rss / 2**20, "uss_mb": info.uss / 2**20}
+engine_memory = []
+for info in cluster.engines:
+    with contextlib.suppress(psutil.Error):
+        engine_memory.append(psutil.Process(info.pid).memory_full_info().uss / 2**20)
 report = cluster.start_report()
 with contextlib.redirect_stdout(io.StringIO()):
     shell.run_line_magic("dist", "stop")
 print(json.dumps({
     "load": load, "load_ext": loaded - begin, "start": ready - loaded, "ready": ready - begin,
     "first_cell": first_cell, "cell": sorted(latencies)[len(latencies) // 2],
-    "cluster_cpu": cpu, "report": report.as_dict(), "output": out.getvalue(),
+    "cluster_cpu": cpu, "notebook_cpu": notebook_cpu, "zygote_memory": zygote_memory,
+    "engine_uss_mb": engine_memory, "report": report.as_dict(), "output": out.getvalue(),
 }))
 """
 
@@ -144,13 +167,17 @@ print(json.dumps({"controller": eval(controller), "engine_dynamo": int(engine)})
 """
 
 
-def _run(python: str, code: str, *args: str, timeout: float = 600) -> dict[str, Any]:
+def _run(
+    python: str, code: str, *args: str, timeout: float = 600, zygote: bool = True
+) -> dict[str, Any]:
+    env = {**os.environ, "NBDIST_ZYGOTE": "1" if zygote else "0"}
     done = subprocess.run(
         [python, "-c", textwrap.dedent(code), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=env,
     )
     if done.returncode != 0:
         raise RuntimeError(f"trial failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -210,8 +237,30 @@ def _spin(stop: Any) -> None:
             pass
 
 
-def _side_by_side(trials: int, jd: str | None) -> dict[str, list[dict[str, Any]]]:
+NO_ZYGOTE = "nbdist, NBDIST_ZYGOTE=0"
+"""The side that starts every engine as a Python of its own (as before the zygote)."""
+
+NO_SPARE = "nbdist, zygote after the imports"
+"""The side whose zygote `Cluster.start` launches after the notebook's imports (`%dist start`
+launches it before them: does that overlap pay on 2 cores?)."""
+
+_NBDIST_NO_SPARE = _NBDIST.replace(
+    "shell = InteractiveShell.instance()",
+    "import nbdist.cluster.launch.zygote as _zygote\n"
+    "_zygote.start_spare = lambda *args, **kwargs: None\n"
+    "shell = InteractiveShell.instance()",
+    1,
+)
+
+
+def _side_by_side(
+    trials: int, jd: str | None, baseline: bool = False, no_spare: bool = False
+) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {"nbdist": [], "ipyparallel": []}
+    if baseline:
+        runs[NO_ZYGOTE] = []
+    if no_spare:
+        runs[NO_SPARE] = []
     if jd:
         runs["jupyter-distributed"] = []
     for trial in range(trials):
@@ -221,6 +270,10 @@ def _side_by_side(trials: int, jd: str | None) -> dict[str, list[dict[str, Any]]
         for side in order:
             if side == "nbdist":
                 result = _run(sys.executable, _NBDIST, "2", "1")
+            elif side == NO_ZYGOTE:
+                result = _run(sys.executable, _NBDIST, "2", "1", zygote=False)
+            elif side == NO_SPARE:
+                result = _run(sys.executable, _NBDIST_NO_SPARE, "2", "1")
             elif side == "ipyparallel":
                 result = _run(sys.executable, _IPYPARALLEL)
             else:
@@ -276,6 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loaded", action="store_true", help="also with a busy loop per core")
     parser.add_argument("--jd-python", default=None, help="a Python with jupyter-distributed")
     parser.add_argument("--no-jd", action="store_true", help="leave jupyter-distributed out")
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="leave out the runs with NBDIST_ZYGOTE=0 (every engine a Python of its own)",
+    )
+    parser.add_argument(
+        "--no-spare-too",
+        action="store_true",
+        help="also a side whose zygote starts after the notebook's imports, not before them",
+    )
     args = parser.parse_args(argv)
     trials = 2 if args.quick else args.trials
     curve = [1, 2] if args.quick else [int(n) for n in args.curve.split(",")]
@@ -285,38 +348,61 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jupyter-distributed: {jd_note}", flush=True)
 
     print("\n1. side by side (fresh process each, to a first trivial cell done)", flush=True)
-    runs = _side_by_side(trials, jd)
+    baseline = not args.no_baseline
+    runs = _side_by_side(trials, jd, baseline, args.no_spare_too)
     headers = ["", "start to ready", "to first cell done", "load (1 min)", "trials"]
     print(table(headers, _summary(runs)))
     nbdist_runs = runs["nbdist"]
-    print(
-        f"nbdist %load_ext: {median([r['load_ext'] for r in nbdist_runs]) * 1e3:.0f} ms; "
-        f"%dist start -n 2: {median([r['start'] for r in nbdist_runs]):.2f} s; cluster CPU to "
-        f"start: {median([r['cluster_cpu'] for r in nbdist_runs]):.2f} s"
-    )
+    for side in [side for side in ("nbdist", NO_ZYGOTE, NO_SPARE) if side in runs]:
+        print(
+            f"{side}: %load_ext {median([r['load_ext'] for r in runs[side]]) * 1e3:.0f} ms; "
+            f"%dist start -n 2: {median([r['start'] for r in runs[side]]):.2f} s; cluster "
+            f"CPU to start: {median([r['cluster_cpu'] for r in runs[side]]):.2f} s; notebook "
+            f"CPU: {median([r['notebook_cpu'] for r in runs[side]]):.2f} s"
+        )
+    memory = [r["zygote_memory"] for r in nbdist_runs if r.get("zygote_memory")]
+    engine_uss = [m for r in nbdist_runs for m in r.get("engine_uss_mb", [])]
+    if memory:
+        print(
+            f"engine zygote memory: RSS {median([m['rss_mb'] for m in memory]):.0f} MiB, USS "
+            f"{median([m['uss_mb'] for m in memory]):.0f} MiB; a forked engine's USS "
+            f"{median(engine_uss):.0f} MiB"
+        )
 
     print("\n2. nbdist's start, stage by stage (medians)")
     stage_rows, stages = _stage_table(nbdist_runs)
     print(table(["stage", "took", "at"], stage_rows))
+    baseline_stages = None
+    if baseline:
+        print(f"\n   the same with {NO_ZYGOTE} (every engine imports torch itself)")
+        baseline_rows, baseline_stages = _stage_table(runs[NO_ZYGOTE])
+        print(table(["stage", "took", "at"], baseline_rows))
 
     print("\n3. the curve: %dist start -n N, then a trivial %%distribute cell", flush=True)
-    points = []
+    points, baseline_points = [], []
     for n in curve:
-        results = [_run(sys.executable, _NBDIST, str(n), "5") for _ in range(args.curve_trials)]
-        point = {
-            "engines": n,
-            "start": median([r["start"] for r in results]),
-            "cell": median([r["cell"] for r in results]),
-            "cluster_cpu": median([r["cluster_cpu"] for r in results]),
-            "load": median([r["load"] for r in results]),
-            "trials": len(results),
-        }
-        points.append(point)
-        print(
-            f"  {n} engine(s): start {point['start']:.2f} s, cell {point['cell'] * 1e3:.0f} ms, "
-            f"cluster CPU {point['cluster_cpu']:.2f} s (load {point['load']:.1f})",
-            flush=True,
-        )
+        for zygote in (True, False) if baseline else (True,):
+            results = [
+                _run(sys.executable, _NBDIST, str(n), "5", zygote=zygote)
+                for _ in range(args.curve_trials)
+            ]
+            point = {
+                "engines": n,
+                "start": median([r["start"] for r in results]),
+                "cell": median([r["cell"] for r in results]),
+                "cluster_cpu": median([r["cluster_cpu"] for r in results]),
+                "notebook_cpu": median([r["notebook_cpu"] for r in results]),
+                "load": median([r["load"] for r in results]),
+                "trials": len(results),
+            }
+            (points if zygote else baseline_points).append(point)
+            print(
+                f"  {n} engine(s){'' if zygote else f' ({NO_ZYGOTE})'}: start "
+                f"{point['start']:.2f} s, cell {point['cell'] * 1e3:.0f} ms, cluster CPU "
+                f"{point['cluster_cpu']:.2f} s, notebook CPU {point['notebook_cpu']:.2f} s "
+                f"(load {point['load']:.1f})",
+                flush=True,
+            )
     two = next((p for p in points if p["engines"] == 2), None)
     eight = next((p for p in points if p["engines"] == 8), None)
     growth = eight["start"] / two["start"] if two and eight else None
@@ -327,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.loaded:
         print("\n4. the same side by side with a busy loop on each core", flush=True)
         with _busy_cores():
-            loaded = _side_by_side(max(2, trials // 2), jd)
+            loaded = _side_by_side(max(2, trials // 2), jd, baseline)
         print(table(headers, _summary(loaded)))
 
     print("\n5. checks (a regression of 2026-11-24 doubled the start: guarded here)")
@@ -347,6 +433,13 @@ def main(argv: list[str] | None = None) -> int:
     cpu = {p["engines"]: p["cluster_cpu"] for p in points}
     if 2 in cpu and 8 in cpu:
         checks.append(check("CPU of 8 engines' start / 2 engines'", cpu[8] / cpu[2], "<=", 2.0))
+    if baseline:
+        checks.append(
+            check("CPU of a 2-engine start, zygote / NBDIST_ZYGOTE=0",
+                  median([r["cluster_cpu"] for r in nbdist_runs])
+                  / median([r["cluster_cpu"] for r in runs[NO_ZYGOTE]]),
+                  "<=", 1.0, note="engines forked from one process that imported torch")
+        )  # fmt: skip
     print_checks(checks)
 
     payload = {
@@ -368,7 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         "nbdist_load_ext_median_s": median([r["load_ext"] for r in nbdist_runs]),
         "nbdist_start_median_s": median([r["start"] for r in nbdist_runs]),
         "stages": stages,
+        "stages_without_zygote": baseline_stages,
+        "zygote_memory_mb": memory[-1] if memory else None,
+        "forked_engine_uss_mb": median(engine_uss) if engine_uss else None,
         "curve": points,
+        "curve_without_zygote": baseline_points,
         "curve_8_over_2": growth,
         "loaded": (
             None

@@ -38,6 +38,7 @@ __all__ = [
     "launcher_has_exited",
     "pytree",
     "queue_backward_callback",
+    "replace_nanny_starter",
     "show_elapsed_and_rate",
     "skipped_by_dynamo_like",
     "stop_noting_engine",
@@ -60,6 +61,10 @@ PRIVATE_NAMES: dict[str, str] = {
     "torch.distributed?); threading and faulthandler give no frame objects",
     "ipyparallel launcher._wait_thread": "whether a launcher's process has exited while "
     "ipyparallel's event loop is not running (its public state changes only on that loop)",
+    "ipyparallel.engine.app.start_nanny": "replaced in an engine forked from the zygote "
+    "(nbdist/cluster/launch/_engine_main.py) by a function that hands the same arguments to a "
+    "nanny forked from the engine, instead of a new Python importing ipyparallel again; "
+    "IPEngine has no setting for how its nanny is started",
     "ipyparallel Client._config": "the controller's location (host) as the client read it "
     "from the connection file; Client has no public accessor for it",
     "ipyparallel IPEngine._signal_stop": "the engine's SIGTERM handler: the only place that "
@@ -171,6 +176,13 @@ def launcher_has_exited(launcher: Any) -> bool:
     (local processes, mpiexec, engines watched over ssh); False where there is none."""
     thread = getattr(launcher, "_wait_thread", None)
     return thread is not None and not thread.is_alive()
+
+
+def replace_nanny_starter(engine_app: types.ModuleType, start: Callable[..., Any]) -> None:
+    """Make ipyparallel's engine start its nanny with `start(**kwargs)`: `engine_app` is the
+    module `ipyparallel.engine.app` (passed in: this module imports no ipyparallel), whose
+    `start_nanny` the engine calls; `start` must return `(nanny_url, handle)`."""
+    engine_app.start_nanny = start  # type: ignore[attr-defined]
 
 
 def client_location(client: Any) -> str | None:

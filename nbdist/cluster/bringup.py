@@ -25,7 +25,7 @@ from typing import Any
 
 from nbdist._private_api import client_location
 from nbdist.cluster.engine_side import joining
-from nbdist.cluster.errors import ClusterStartError
+from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
 from nbdist.cluster.launch.launchers import IpyparallelSettings, probe_hosts
 from nbdist.cluster.launch.lockdown import private_dirs, private_files
 from nbdist.cluster.launch.startup import (
@@ -36,6 +36,7 @@ from nbdist.cluster.launch.startup import (
     wait_for_registration,
 )
 from nbdist.cluster.launch.stop_log import keep_crash_output
+from nbdist.cluster.launch.zygote import Zygote, return_spare, take_spare
 from nbdist.cluster.status import EngineInfo
 
 __all__ = ["ATTACH", "BringUp", "Greeter", "controller_address"]
@@ -99,6 +100,7 @@ class BringUp:
     _engines: tuple[EngineInfo, ...]
 
     _processes: Any
+    _zygote: Zygote | None = None
 
     def _exited_engine(self, identifier: Any) -> str | None:
         """ "replica R's engine (pid P)" for the engine launcher `identifier` that has just
@@ -116,7 +118,7 @@ class BringUp:
 
     def _record_processes(self) -> None:
         """Remember every process of the cluster (controller, schedulers, engines, nannies)."""
-        roots: list[Any] = []
+        roots: list[Any] = [self._zygote.pid if self._zygote is not None else None]
         if self._ipp is not None:
             roots.append(getattr(getattr(self._ipp, "controller", None), "process", None))
             for engine_set in list(getattr(self._ipp, "engines", {}).values()):
@@ -149,26 +151,35 @@ class BringUp:
             except ConnectionError as error:
                 raise ClusterStartError(str(error)) from None
             clock.stage(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
-        ipp = self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
+        threads = max(1, joining.cores() // plan.n)
+        engine_env = {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "MPLBACKEND": "Agg",  # engines have no screen; %%distribute shows figures
+        }
+        cluster_kwargs = settings.cluster_kwargs
+        if settings.zygote:  # Note [Engines from a zygote] in launchers.py
+            cluster_kwargs = self._start_zygote(deadline, engine_env)
+        ipp = self._ipp = ipyparallel.Cluster(**cluster_kwargs)
         private_dirs(ipp.profile_dir)  # connection files, keys and logs: owner only
         ipp.log = ipp_logger(ipp.cluster_id, settings.cluster_kwargs["log_level"])
         keep_crash_output(ipp.log, ipp.profile_dir, ipp.cluster_id, self._exited_engine)
-        threads = max(1, joining.cores() // plan.n)
         if not settings.engines_first:
             ipp.start_controller_sync()
             clock.stage("controller process launched")
         for count, environment in plan.engine_sets():
-            env = {
-                "OMP_NUM_THREADS": str(threads),
-                "MKL_NUM_THREADS": str(threads),
-                "MPLBACKEND": "Agg",  # engines have no screen; %%distribute shows figures
-            }
+            env = dict(engine_env)
             env.update(environment)
             try:
                 ipp.start_engines_sync(n=count, environment=env)
+            except (ClusterStartError, EngineTimeoutError):  # the zygote's (with its output)
+                raise
             except Exception as error:
                 raise ClusterStartError(launch_failure(plan, error)) from error
-        clock.stage(f"{plan.n} engine process(es) launched")
+        if settings.zygote:
+            clock.stage(f"{plan.n} engine(s) forked from the zygote (torch imported once)")
+        else:
+            clock.stage(f"{plan.n} engine process(es) launched")
         if settings.engines_first:
             ipp.start_controller_sync()
             clock.stage("controller process launched (the engines import torch meanwhile)")
@@ -181,6 +192,45 @@ class BringUp:
         self._record_processes()
         self._greeter = greeter
 
+    def _start_zygote(self, deadline: float, env: dict[str, str]) -> dict[str, Any]:
+        """Launch the engine zygote (its imports overlap the controller's start); the
+        ipyparallel `Cluster` arguments whose launcher asks it for the engines."""
+        import copy
+        import time
+
+        remaining = max(1.0, deadline - time.monotonic())
+        kept = self._zygote  # the one that forked the engines before a restart
+        if kept is not None and kept.process.poll() is None:
+            said = "engine zygote kept from the last start (torch imported already)"
+        else:
+            kept = take_spare()  # started by `%dist start` before its imports, or kept warm
+            said = "engine zygote taken (launched before this start: its imports overlap)"
+        if kept is None:
+            kept = Zygote.start(remaining, env)
+            said = "engine zygote launched (it imports torch for every engine)"
+        zygote = self._zygote = kept
+        zygote.timeout = remaining
+        zygote.limit = self.plan.timeout
+        self._processes.record([zygote.pid])
+        self._clock.stage(said)
+        kwargs = dict(self._settings.cluster_kwargs)
+        config = kwargs["config"] = copy.deepcopy(kwargs["config"])
+        config.ZygoteEngineLauncher.zygote_socket = zygote.socket_path
+        return kwargs
+
+    def _stop_zygote(self, keep: bool = False) -> None:
+        """Stop the zygote (the engines it forked are stopped before; any left, it stops);
+        with `keep` (a restart), keep it running for the next start instead."""
+        zygote, self._zygote = self._zygote, None
+        if zygote is None:
+            return
+        if keep and zygote.process.poll() is None:
+            self._zygote = zygote
+            self._processes.forget([zygote.pid])  # not reaped with the engines' nannies
+        elif return_spare(zygote):  # kept warm for the next cluster (`%dist warm on`)
+            self._processes.forget([zygote.pid])
+        else:
+            zygote.stop()
 
     def _join(self, deadline: float) -> None:
         """Bootstrap every engine at once, in rank order; record them."""

@@ -376,6 +376,8 @@ class Cluster(CallGuard, BringUp):
         """
         return self._report
 
+    _restarting = False
+
     def stop(self) -> None:
         """Stop the engines and the controller; return once none of their processes is left.
 
@@ -389,9 +391,14 @@ class Cluster(CallGuard, BringUp):
 
     def restart(self, progress: Callable[[str], None] | None = None) -> Cluster:
         """Stop and start again: fresh engines and a fresh process group (state is lost).
-        The start report's total includes the stop."""
+        The start report's total includes the stop. Local engines are forked again from the
+        same zygote, which has kept its imports."""
         began = time.perf_counter()
-        self.stop()
+        self._restarting = True  # the engine zygote stays for the new engines
+        try:
+            self.stop()
+        finally:
+            self._restarting = False
         return self.start(progress, began=began)
 
     def __enter__(self) -> Cluster:
@@ -553,6 +560,7 @@ class Cluster(CallGuard, BringUp):
                     except Exception as error:  # keep going: the processes are reaped below
                         _LOG.warning("ipyparallel could not stop the cluster cleanly: %s", error)
             self.log_file = write_log(launchers, self._ipp.profile_dir, self._ipp.cluster_id)
+        self._stop_zygote(keep=self._restarting)
         # Left now: helpers (schedulers, nannies) whose controller and engines are gone, and
         # processes that ignored the stop; they get REAP_GRACE_S, then are killed (a stop
         # takes at most 5 s).

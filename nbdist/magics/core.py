@@ -170,7 +170,7 @@ _DIST_USAGE = (
     "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
     "[--ps N] [--variable-partitioner fixed:K|min_size:B|max_size:B|NAME] [--timeout S] "
     "[--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
-    "%dist status | stop | restart | auto on|off | dashboard | traceback | "
+    "%dist status | stop | restart | auto on|off | warm [on|off] | dashboard | traceback | "
     "stack [--all] [--collectives]\n"
     "%dist output all|first|none|tabs|auto"
 )
@@ -207,6 +207,7 @@ class DistMagics(Magics):
             "stop": self._stop,
             "restart": self._restart,
             "auto": self._auto,
+            "warm": self._warm,
             "dashboard": self._dashboard,
             "traceback": self._traceback,
             "output": self._output,
@@ -253,22 +254,28 @@ class DistMagics(Magics):
         if args.variable_partitioner is not None:
             namespace = self.shell.user_ns if self.shell is not None else {}
             extra["variable_partitioner"] = partitioner_option(args.variable_partitioner, namespace)
-        from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError
+        from nbdist.cluster.launch import zygote
 
-        try:
-            cluster = Cluster(
-                n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,
-                backend=args.backend, strategy=args.strategy, timeout=args.timeout,
-                collective_timeout=wait,
-                launcher_options=_launcher_options(args.launcher_option), **extra,
-            )  # fmt: skip
-        except (ValueError, TypeError, NotImplementedError, RuntimeError) as error:
-            raise UsageError(f"%dist start: {error}") from None
-        try:
-            cluster.start(progress=_print_progress, began=began)
-        except (ClusterStartError, EngineTimeoutError) as error:
-            # Everything started was stopped; the message names the cause and the fix.
-            raise UsageError(f"%dist start: {error}") from None
+        zygote.start_spare(args.launcher, args.timeout)  # imports torch while this cell does
+        try:  # the spare is stopped unless the cluster took it (a failed start stopped it)
+            from nbdist.cluster import Cluster, ClusterStartError, EngineTimeoutError
+
+            try:
+                cluster = Cluster(
+                    n=args.n, gpus=args.gpus, hosts=args.hosts, launcher=args.launcher,
+                    backend=args.backend, strategy=args.strategy, timeout=args.timeout,
+                    collective_timeout=wait,
+                    launcher_options=_launcher_options(args.launcher_option), **extra,
+                )  # fmt: skip
+            except (ValueError, TypeError, NotImplementedError, RuntimeError) as error:
+                raise UsageError(f"%dist start: {error}") from None
+            try:
+                cluster.start(progress=_print_progress, began=began)
+            except (ClusterStartError, EngineTimeoutError) as error:
+                # Everything started was stopped; the message names the cause and the fix.
+                raise UsageError(f"%dist start: {error}") from None
+        finally:
+            zygote.discard_spare(unless_warm=True)
         self.cluster = cluster
         namespace = self.shell.user_ns if self.shell is not None else {}
         published = ""
@@ -347,6 +354,31 @@ class DistMagics(Magics):
             )
         else:
             print("Cells run in this notebook again.")
+
+    def _warm(self, words: list[str]) -> None:
+        """`%dist warm on|off`: keep an engine zygote ready between clusters (or not);
+        `%dist warm` says whether one waits, and its memory."""
+        from nbdist.cluster.launch import zygote
+
+        if len(words) > 1 or (words and words[0] not in ("on", "off")):
+            raise UsageError("%dist warm takes `on`, `off` or nothing, e.g. `%dist warm on`.")
+        if words and words[0] == "on" and not zygote.zygote_wanted("local"):
+            raise UsageError(
+                "%dist warm on: engines are not forked from a zygote here (NBDIST_ZYGOTE=0, "
+                "or no os.fork); unset NBDIST_ZYGOTE to use one."
+            )
+        if words:
+            zygote.keep_warm(words[0] == "on")
+        waiting = zygote.warm_zygote()
+        if not zygote.keeps_warm():
+            print("No engine zygote is kept warm (`%dist warm on` keeps one ready).")
+        elif waiting is None:
+            print("An engine zygote is kept warm: the running cluster has it until it stops.")
+        else:
+            print(
+                f"An engine zygote is kept warm (pid {waiting.pid}, {_memory(waiting.pid)}): the "
+                "next `%dist start` forks its engines from it. `%dist warm off` stops it."
+            )
 
     def _dashboard(self, words: list[str]) -> None:
         _no_arguments("dashboard", words)
@@ -474,6 +506,16 @@ def _publish_ps(namespace: dict[str, Any], cluster: Any) -> str:
             namespace[name] = value
             published.append(f"`{name}`")
     return f", {' and '.join(published)}" if published else ""
+
+
+def _memory(pid: int) -> str:
+    """`"312 MiB"`: the resident memory of process `pid` (what it holds now)."""
+    import psutil
+
+    try:
+        return f"{psutil.Process(pid).memory_info().rss / 2**20:.0f} MiB"
+    except psutil.Error:
+        return "gone"
 
 
 def _auto_transform(lines: list[str]) -> list[str]:

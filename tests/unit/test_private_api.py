@@ -24,6 +24,7 @@ def test_every_listed_name_is_checked_here():
         "torch.autograd.Variable._execution_engine.queue_callback",
         "ipyparallel launcher._wait_thread", "ipyparallel IPEngine._signal_stop",
         "ipyparallel IPController.save_connection_dict", "ipyparallel Client._config",
+        "ipyparallel.engine.app.start_nanny",
         "ipyparallel HeartMonitor.start/beat, its caller, hearts and on_probation",
 
 
@@ -154,6 +155,24 @@ def test_ipyparallel_launchers_keep_their_wait_thread():
     done.join(30)
     Launcher._wait_thread = done
     assert private.launcher_has_exited(Launcher()) is True
+
+
+def test_ipyparallel_engine_starts_its_nanny_through_the_module_function():
+    from ipyparallel.engine import app, nanny
+
+    assert callable(getattr(app, "start_nanny", None)), "ipyparallel.engine.app.start_nanny gone"
+    source = inspect.getsource(app.IPEngine.start_nanny)
+    assert "return start_nanny(" in source, "IPEngine.start_nanny no longer calls start_nanny"
+    assert "nanny_url, self.nanny_pipe = self.start_nanny(" in inspect.getsource(app.IPEngine)
+    parameters = inspect.signature(nanny.KernelNanny.__init__).parameters
+    assert {"pid", "pipe", "control_url"} <= set(parameters), "KernelNanny's arguments changed"
+    assert "kwargs['pipe'] = sys.stdout" in inspect.getsource(nanny.main), "nanny's pipe moved"
+    saved = app.start_nanny
+    try:
+        private.replace_nanny_starter(app, len)
+        assert app.start_nanny is len
+    finally:
+        app.start_nanny = saved
 
 
 def test_ipyparallel_client_keeps_its_connection_config():

@@ -22,13 +22,24 @@ writes get the usual modes.)
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 def main() -> None:
     """Import what every engine needs, then hand over to ipyparallel's engine (`sys.argv`)."""
+    run()
+
+
+def run(parent: int | None = None) -> None:
+    """Run ipyparallel's engine with `sys.argv`, stopping when process `parent` dies (default:
+    the one `--nbdist-parent=PID` names). An engine forked from the zygote (`parent` is the
+    zygote) also forks its nanny instead of starting a new Python for it (`_fork_nanny`)."""
     from nbdist.cluster.launch.parent_watch import watch_parent
 
-    watch_parent()
+    forked = parent is not None
+    if forked:
+        _fork_nanny()  # before any thread or zmq context exists in this process
+    watch_parent(parent=parent)
     import torch  # noqa: F401  (the expensive import, done before registering)
     from ipyparallel.engine.app import IPEngine
 
@@ -44,6 +55,82 @@ def main() -> None:
             raise
     if Engine.stopping:
         _exit_at_once()
+
+
+class _Nanny:
+    """What the engine keeps of its forked nanny (ipyparallel keeps the nanny's `Popen`): the
+    read end of the nanny's pipe, open while the engine lives; the nanny exits when it closes."""
+
+    def __init__(self, pid: int, pipe: Any):
+        self.pid = pid
+        self.stdout = pipe
+
+
+def _fork_nanny() -> None:
+    """Fork the engine's nanny now, to be given its settings when the engine asks for it.
+
+    ipyparallel's engine starts its nanny (the process that relays signals to it, e.g. an
+    interrupt) as `python -m ipyparallel.engine.nanny`, a new Python that imports zmq, tornado
+    and ipyparallel again (~0.4 s of CPU) while the engine waits for it to register. This
+    forks a copy of the engine instead, before the engine has threads or zmq sockets, which
+    waits for the settings that `start_nanny` would have written to the new process's stdin
+    (the same pickled arguments) and then runs ipyparallel's `KernelNanny.main` with them. An
+    engine that never asks (it crashed first) closes the pipe: the waiting copy exits.
+    """
+    import os
+    import pickle
+    import signal
+
+    from ipyparallel.engine import app, nanny
+
+    from nbdist._private_api import replace_nanny_starter
+
+    settings_read, settings_write = os.pipe()
+    url_read, url_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the nanny
+        code = 0
+        try:
+            os.close(settings_write)
+            os.close(url_read)
+            os.setsid()  # as ipyparallel starts it: signals to the engine's group skip it
+            from nbdist.cluster.launch._zygote_main import name_process
+
+            name_process(b"nbdist-nanny")
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            with os.fdopen(settings_read, "rb") as source:
+                data = source.read()
+            if data:
+                kwargs = pickle.loads(data)
+                kwargs["pipe"] = os.fdopen(url_write, "w", buffering=1)
+                nanny.KernelNanny.main(**kwargs)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(settings_read)
+    os.close(url_write)
+
+    def start_nanny(**kwargs: Any) -> tuple[str, _Nanny]:
+        kwargs["pid"] = os.getpid()
+        with os.fdopen(settings_write, "wb") as sink:
+            sink.write(pickle.dumps(kwargs))
+        reader = os.fdopen(url_read, "rb")
+        url = reader.readline().decode("utf8").strip()
+        if not url:
+            from nbdist.cluster.errors import ClusterStartError
+
+            raise ClusterStartError(
+                f"The engine's nanny (pid {pid}) exited before it started (its error is above "
+                "in this engine's output). Set NBDIST_ZYGOTE=0 in the notebook's environment "
+                "to start engines and nannies as processes of their own."
+            )
+        return url, _Nanny(pid, reader)
+
+    replace_nanny_starter(app, start_nanny)
 
 
 def _exit_at_once() -> None:

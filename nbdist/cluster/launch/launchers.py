@@ -6,8 +6,9 @@ nbdist writes no process launcher: engines are started by ipyparallel's engine-s
 - every launcher runs `python -m nbdist.cluster.launch._engine_main` (ipyparallel's engine, with
 torch
   imported first) instead of `python -m ipyparallel.engine`;
-- `local`: the engines start before the controller and wait for its connection file, so their
-  imports overlap its start-up;
+- `local`: the engines are forked from a zygote (Note [Engines from a zygote]); with
+  `NBDIST_ZYGOTE=0`, or without `os.fork`, they start before the controller as Pythons of
+  their own and wait for its connection file, so their imports overlap its start-up;
 - `ssh`: `SSHEngineSetLauncher.engines = {host: count}`; ssh never prompts (`BatchMode=yes`)
   and gives up on an unreachable host within the cluster's timeout (`ConnectTimeout`);
 - `mpi`: `mpiexec -n N`, with `--host h1:2,h2:2` for hosts (Open MPI's spelling; MPICH's
@@ -20,6 +21,13 @@ default: seven more processes starting at once on a small machine, for scheduler
 not use (it sends only to direct views). `IPController.use_threads=True` runs them as threads
 of the controller (6 processes for a 2-engine cluster instead of 13).
 
+Note [Engines from a zygote]: a local engine started as a new Python imports torch,
+ipyparallel's engine and nbdist's engine side (~2 s of CPU on a small machine; N engines pay it
+N times). `Cluster.start` starts one zygote process first, which imports them once while the
+controller comes up, and ipyparallel's local launcher is replaced by `ZygoteEngineSetLauncher`,
+which asks the zygote to fork each engine (same command line, environment and log file). The
+controller is started first then: the launcher waits for the zygote's imports.
+
 The controller listens on 127.0.0.1 unless engines run on other machines. `options` are extra
 settings for the engine-set launcher (`remote_python`, `ssh_args`, `mpi_args`, `account`, ...),
 checked against its configurable traits. Imports ipyparallel only inside `ipyparallel_settings`.
@@ -27,8 +35,9 @@ checked against its configurable traits. Imports ipyparallel only inside `ipypar
 Example:
     >>> from nbdist.cluster.launch.plan import make_plan
     >>> settings = ipyparallel_settings(make_plan(n=2, gpu_ids=()), heartbeat_ms=1000)
-    >>> settings.cluster_kwargs["engine_launcher_class"], settings.engines_first
-    ('local', True)
+    >>> settings.cluster_kwargs["engine_launcher_class"] == (
+    ...     ZYGOTE_LAUNCHER if settings.zygote else "local")
+    True
     >>> settings.controller_ip
     '127.0.0.1'
 """
@@ -50,6 +59,7 @@ from typing import Any
 from nbdist.cluster.launch._controller_main import START_ENGINES_FLAG
 from nbdist.cluster.launch.parent_watch import NO_PARENT_FLAG, parent_flag
 from nbdist.cluster.launch.plan import LaunchPlan
+from nbdist.cluster.launch.zygote import ENGINE_MODULE, zygote_wanted
 
 __all__ = [
     "CONTROLLER_MODULE",
@@ -60,11 +70,12 @@ __all__ = [
     "probe_hosts",
 ]
 
-ENGINE_MODULE = "nbdist.cluster.launch._engine_main"
 STOP_KILL_S = 2
 """Seconds a local engine gets to exit after SIGTERM before it is killed (a normal engine
 exits at once: `_engine_main`)."""
-"""The module every engine runs (`python -m ...`)."""
+
+ZYGOTE_LAUNCHER = "nbdist.cluster.launch.zygote_launcher.ZygoteEngineSetLauncher"
+"""The engine-set launcher of local engines forked from a zygote."""
 
 CONTROLLER_MODULE = "nbdist.cluster.launch._controller_main"
 """The module the controller runs (`python -m ...`)."""
@@ -95,6 +106,8 @@ class IpyparallelSettings:
         launcher_class: The ipyparallel engine-set launcher's class name.
         ssh_command: For ssh, the command (with options) that reaches a host.
         remote_python: For ssh, the Python the engines run on the hosts.
+        zygote: Local engines are forked from a zygote (`zygote.Zygote`; its socket is set
+            in `cluster_kwargs["config"]` by `Cluster.start`).
     """
 
     cluster_kwargs: dict[str, Any]
@@ -103,6 +116,7 @@ class IpyparallelSettings:
     launcher_class: str
     ssh_command: tuple[str, ...] = ()
     remote_python: str = ""
+    zygote: bool = False
 
 
 def is_loopback(host: str) -> bool:
@@ -190,9 +204,12 @@ def ipyparallel_settings(
         if key not in ("ssh_args", "scp_args", "mpi_args"):
             section[key] = value
     _check_options(launcher_class, options or {})
+    zygote = zygote_wanted(plan.launcher)
+    if zygote:  # Note [Engines from a zygote]
+        config.ZygoteEngineLauncher.zygote_socket = ""  # Cluster.start sets it
     kwargs: dict[str, Any] = {
         "n": plan.n,
-        "engine_launcher_class": plan.launcher,
+        "engine_launcher_class": ZYGOTE_LAUNCHER if zygote else plan.launcher,
         "controller_ip": controller_ip,
         "controller_args": [
             # one controller process instead of eight (Note [Schedulers in threads])
@@ -207,15 +224,20 @@ def ipyparallel_settings(
         "config": config,
         "shutdown_atexit": False,  # nd.Cluster stops its clusters at exit itself
     }
+    if zygote:
+        # forked at once, not after the controller has written its connection file: they
+        # wait for the file (wait_for_url_file) while they start their nannies
+        kwargs["send_engines_connection_env"] = False
     if profile_dir is not None:
         kwargs["profile_dir"] = profile_dir
     return IpyparallelSettings(
         cluster_kwargs=kwargs,
-        engines_first=plan.launcher == "local",
+        engines_first=plan.launcher == "local" and not zygote,
         controller_ip=controller_ip,
         launcher_class=launcher_class,
         ssh_command=tuple(ssh_command),
         remote_python=engine_cmd[0],
+        zygote=zygote,
     )
 
 

@@ -403,9 +403,7 @@ def with_communication(
             f"nd.experimental.CommunicationOptions(timeout_seconds=600)."
         )
     if collective_timeout is not None:
-        if isinstance(collective_timeout, bool) or not isinstance(
-            collective_timeout, (int, float)
-        ):
+        if isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)):
             raise ArgumentTypeError(
                 f"collective_timeout must be a number of seconds, got "
                 f"{type(collective_timeout).__name__} {collective_timeout!r}; e.g. "

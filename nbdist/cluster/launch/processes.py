@@ -49,6 +49,11 @@ class ProcessSet:
                     with contextlib.suppress(psutil.Error):
                         self._seen[(member.pid, member.create_time())] = member
 
+    def forget(self, pids: Iterable[int]) -> None:
+        """Stop tracking `pids` (a process that outlives this set, e.g. a kept zygote)."""
+        drop = set(pids)
+        self._seen = {key: p for key, p in self._seen.items() if key[0] not in drop}
+
     @property
     def pids(self) -> tuple[int, ...]:
         """The recorded pids, sorted."""
