@@ -80,6 +80,10 @@ class Resizable:
         if resolver is not None:
             self._cluster_resolver = resolver
 
+    def tracks(self, tensors: list[torch.Tensor]) -> bool:
+        """True when one of `tensors` was created in this strategy's scope (or adopted)."""
+        return any(id(t) in self._captured_ids for t in tensors)
+
     def resize_layout(self) -> dict[str, Any]:
         """What a joining worker needs to track the same parameters as this one: the captured
         tensors in capture order, their names, the gradient buckets' groups (indices into the
