@@ -196,8 +196,8 @@ class DistMagics(Magics):
     # -- %dist --------------------------------------------------------------------------
     @line_magic
     def dist(self, line: str = "") -> None:
-        """Manage the engines: %dist start|status|stop|restart|scale|auto on|off|dashboard|traceback|
-        stack."""
+        """Manage the engines: %dist start|status|stop|restart|scale|auto on|off|dashboard|
+        traceback|stack."""
         words = _split(line, "%dist")
         if not words:
             raise UsageError(f"%dist needs a command:\n{_DIST_USAGE}")
