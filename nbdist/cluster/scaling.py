@@ -46,6 +46,9 @@ from nbdist.cluster.replies import reply_ok
 from nbdist.cluster.status import EngineInfo
 from nbdist.errors import InvalidArgumentError
 
+STOP_GRACE_S = 2.0
+"""Seconds an engine removed by a shrink gets to exit after SIGTERM before it is killed."""
+
 __all__ = ["KEEP_MODES", "ScaleReport", "Scaling", "SizeChange", "cpu_engine_limit"]
 
 KEEP_MODES = ("global-batch", "replica-batch")
@@ -257,10 +260,11 @@ class Scaling:
                 "DataLoader with a batch size.",
                 reason="state",
             )
-        say(f"{time.perf_counter() - began:.1f} s  state found on {len(staying)} engine(s)")
+        say(f"{time.perf_counter() - began:.1f} s  state found on {len(prepared)} engine(s)")
         try:
             joined = self._launch_more(grow, target, deadline) if grow else []
-            say(f"{time.perf_counter() - began:.1f} s  {grow} engine(s) started and registered")
+            if grow:
+                say(f"{time.perf_counter() - began:.1f} s  {grow} engine(s) started, registered")
             engines, prefix = self._regroup(staying, joined, target, deadline)
             say(f"{time.perf_counter() - began:.1f} s  process group formed at {target}")
             notes, hooks, failures = self._follow(
@@ -274,7 +278,7 @@ class Scaling:
             raise ScaleFailedError(
                 f"{reason[0].upper()}{reason[1:]}; the cluster is unusable: run "
                 "`%dist restart` (cluster.restart()) for fresh engines (engine state is lost)."
-            ) from None
+            ) from (error if os.environ.get("NBDIST_DEBUG_SCALE") else None)
         self._stop_engines(removed, deadline)
         self._engines = engines
         self._plan = dataclasses.replace(
@@ -417,6 +421,7 @@ class Scaling:
             .apply_async(joining.describe, controller_address(self._settings, self._client))
             .get(timeout=max(1.0, deadline - time.monotonic()))
         )
+        where = where[0] if isinstance(where, list) else where
         plan = self._plan
         base = {
             "world_size": target, "local_world_size": target,
@@ -473,28 +478,30 @@ class Scaling:
         from nbdist.core.scale_hooks import on_scale
 
         hooks = _wire.dumps([_wire.Call.of(fn, (), {}) for fn in on_scale.registered()])
-        args = [(keep, old, new, why, info.rank >= staying, survivors, hooks) for info in engines]
-        replies = self._each(engines, resize.follow, deadline, "following the resize",
+        joins = [info.rank >= staying for info in engines]
+        args = [(keep, old, new, joins[i], survivors) for i in range(len(engines))]
+        followed = self._each(engines, resize.follow, deadline, "following the resize",
+                              per_engine=args)  # fmt: skip
+        args = [(keep, old, new, why, joins[i], hooks) for i in range(len(engines))]
+        settled = self._each(engines, resize.settle, deadline, "checking the replicas",
                              per_engine=args)  # fmt: skip
-        first = replies[0]["value"]
         failures = tuple(
             f"replica {info.rank}: {line}"
-            for info, reply in zip(engines, replies)
+            for info, reply in zip(engines, settled)
             for line in reply["value"]["hook_failures"]
         )
-        return first["notes"], tuple(first["hooks"]), failures
+        return followed[0]["value"]["notes"], tuple(settled[0]["value"]["hooks"]), failures
 
     def _stop_engines(self, engines: Sequence[EngineInfo], deadline: float) -> None:
-        """Stop the engines removed by a shrink: asked through the controller, then killed if
-        they have not exited by the deadline (at most 5 s)."""
-        if not engines:
-            return
-        ids = [info.id for info in engines]
-        with contextlib.suppress(Exception):  # an engine that does not answer is killed below
-            self._client.shutdown(targets=ids, hub=False, block=True)
+        """Stop the engines removed by a shrink: SIGTERM (they have left the group and run
+        nothing), then SIGKILL for any still there after `STOP_GRACE_S`; their nannies then
+        tell the controller they are gone."""
         here = socket.gethostname()
         pids = [info.pid for info in engines if info.host == here]
-        end = min(deadline, time.monotonic() + 5.0)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        end = min(deadline, time.monotonic() + STOP_GRACE_S)
         while any(pid_alive(pid) for pid in pids) and time.monotonic() < end:
             time.sleep(0.02)  # waiting for processes to exit: no event to wait on
         for pid in pids:

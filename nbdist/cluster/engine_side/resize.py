@@ -39,7 +39,7 @@ from nbdist.cluster import _wire
 from nbdist.cluster.engine_side import state
 from nbdist.cluster.engine_side.health import group_prefix
 
-__all__ = ["adopt", "follow", "prepare", "regroup", "snapshot"]
+__all__ = ["adopt", "follow", "prepare", "regroup", "settle", "snapshot"]
 
 _SKIP = frozenset({"strategy", "nd", "torch", "In", "Out", "get_ipython", "exit", "quit"})
 _pending: dict[str, Any] = {"sync": {}}
@@ -68,6 +68,8 @@ def _tracked(namespace: dict[str, Any], strategy: Any) -> list[tuple[str, Any, s
             kind = "optimizer" if params and strategy.tracks(params) else None
         elif isinstance(value, DistributedVariable):
             kind = "variable" if value.distribute_strategy is strategy else None
+        elif id(value) in _unmade:  # adopted, made by `follow`
+            kind = _unmade[id(value)][0]
         elif isinstance(value, DistributedDataset):
             kind = "dataset" if value.recipe is not None else None
         elif isinstance(value, DistributedIterator):
@@ -265,26 +267,42 @@ def adopt(blob: bytes) -> dict[str, Any]:
 
 
 # -- follow --------------------------------------------------------------------------------
-def follow(
-    keep: str, old: int, new: int, reason: str, joined: bool, survivors: bool, hooks: bytes
-) -> dict[str, Any]:
-    """Step 4 on every engine at once (see the module); a report of what followed."""
+def follow(keep: str, old: int, new: int, joined: bool, survivors: bool) -> dict[str, Any]:
+    """Step 4a on every engine (no collective, so one engine's failure leaves no peer
+    waiting): datasets, iterators and sync-on-read variables follow; what happened to each."""
     try:
         strategy = state.strategy()
-        namespace = state.namespace()
-        found = _tracked(namespace, strategy)
+        found = _tracked(state.namespace(), strategy)
         rank = int(state.rank() or 0)
         notes: dict[str, str] = {}
         datasets = _follow_datasets(found, strategy, keep, old, new, notes)
         _follow_iterators(found, datasets, keep, old, new, notes)
         _follow_sync_on_read(found, rank, joined, survivors)
-        strategy.check_resized()
         for name, _, kind in found:
-            notes.setdefault(name, kind)
-        ran, failed = _run_hooks(strategy, keep, old, new, reason, joined, rank, hooks)
-        return _ok({"notes": notes, "hooks": ran, "hook_failures": failed, "rank": rank})
+            notes.setdefault(name, _KINDS.get(kind, kind))
+        return _ok({"notes": notes})
     except BaseException as error:
         return _wire.failure(error, "following the resize")
+
+
+_KINDS = {
+    "module": "module, parameters from replica 0 (identical on every replica)",
+    "optimizer": "optimizer, state from replica 0",
+    "variable": "variable",
+}
+
+
+def settle(keep: str, old: int, new: int, reason: str, joined: bool, hooks: bytes) -> dict:
+    """Step 4b on every engine at once: compare the gradient layout and every mirrored
+    parameter across the workers (collectives), then run the `@nd.on_scale` functions."""
+    try:
+        strategy = state.strategy()
+        strategy.check_resized()
+        rank = int(state.rank() or 0)
+        ran, failed = _run_hooks(strategy, keep, old, new, reason, joined, rank, hooks)
+        return _ok({"hooks": ran, "hook_failures": failed})
+    except BaseException as error:
+        return _wire.failure(error, "checking the replicas after the resize")
 
 
 def _follow_datasets(
