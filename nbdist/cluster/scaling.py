@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from nbdist.cluster import _wire
 from nbdist.cluster.bringup import Greeter, controller_address
 from nbdist.cluster.engine_side import joining, resize
-from nbdist.cluster.errors import ScaleFailedError, ScaleRefusedError
+from nbdist.cluster.errors import EngineTimeoutError, ScaleFailedError, ScaleRefusedError
 from nbdist.cluster.launch.processes import pid_alive
 from nbdist.cluster.launch.startup import wait_all
 from nbdist.cluster.replies import reply_ok
@@ -202,6 +202,7 @@ class Scaling:
                 "scale needs the number of engines, e.g. cluster.scale(3) (`%dist scale 3`), "
                 "or survivors=True to continue on the engines still alive."
             )
+        self._refuse_kind()
         self._require_running("cluster.scale()")
         say = progress or (lambda line: None)
         if not self._turn_lock.acquire(blocking=False):
@@ -294,10 +295,8 @@ class Scaling:
             change, notes, tuple(range(len(staying), target)), removed_ranks, hooks, failures
         )
 
-    def _refuse(
-        self, n: int | None, survivors: bool, dead: list[int], alive: list[EngineInfo]
-    ) -> None:
-        """Raise `ScaleRefusedError` for a resize that cannot be done (nothing changed)."""
+    def _refuse_kind(self) -> None:
+        """Raise `ScaleRefusedError` for a cluster whose kind cannot be resized."""
         plan = self._plan
         if plan.strategy == "parameter_server":
             raise ScaleRefusedError(
@@ -314,6 +313,12 @@ class Scaling:
                 "changed. Restart the cluster with the new size instead.",
                 reason="launcher",
             )
+
+    def _refuse(
+        self, n: int | None, survivors: bool, dead: list[int], alive: list[EngineInfo]
+    ) -> None:
+        """Raise `ScaleRefusedError` for a resize that cannot be done (nothing changed)."""
+        plan = self._plan
         if dead and not survivors:
             raise ScaleRefusedError(
                 f"cluster.scale() was refused: the engine(s) of replica(s) {dead} are dead. "
@@ -398,8 +403,9 @@ class Scaling:
             if len(new) >= count:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{len(new)} of {count} new engine(s) registered before the deadline"
+                raise EngineTimeoutError(
+                    f"{len(new)} of {count} new engine(s) registered within the resize's "
+                    "timeout. Give it longer: cluster.scale(n, timeout=S)."
                 )
             time.sleep(0.05)  # ipyparallel's registration has no wait of its own here
         new = new[:count]
