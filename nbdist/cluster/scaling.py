@@ -261,6 +261,7 @@ class Scaling:
                 "DataLoader with a batch size.",
                 reason="state",
             )
+        blob = self._snapshot(staying[0], deadline) if grow else b""
         say(f"{time.perf_counter() - began:.1f} s  state found on {len(prepared)} engine(s)")
         try:
             joined = self._launch_more(grow, target, deadline) if grow else []
@@ -269,7 +270,7 @@ class Scaling:
             engines, prefix = self._regroup(staying, joined, target, deadline)
             say(f"{time.perf_counter() - began:.1f} s  process group formed at {target}")
             notes, hooks, failures = self._follow(
-                engines, len(staying), keep, old, target, why, bool(dead), deadline
+                engines, len(staying), keep, old, target, why, bool(dead), deadline, blob
             )
         except ScaleRefusedError:
             raise
@@ -381,6 +382,22 @@ class Scaling:
                 )
         return replies
 
+    def _snapshot(self, first: EngineInfo, deadline: float) -> bytes:
+        """Replica 0's strategy state, pickled for the engines about to join (taken before
+        anything changes, so state that cannot be copied refuses the resize)."""
+        reply = (
+            self._client.direct_view([first.id])
+            .apply_async(resize.snapshot)
+            .get(timeout=max(1.0, deadline - time.monotonic()))
+        )
+        reply = reply[0] if isinstance(reply, list) else reply
+        if not reply_ok(reply):
+            raise ScaleRefusedError(
+                f"cluster.scale() was refused: {reply.get('evalue')} Nothing changed.",
+                reason="state",
+            )
+        return bytes(reply["value"]["blob"])
+
     def _launch_more(self, count: int, target: int, deadline: float) -> list[tuple[int, dict]]:
         """Start `count` engines in this cluster's controller, wait for them to register,
         attach and describe them; `(engine id, description)` in id order."""
@@ -473,13 +490,11 @@ class Scaling:
 
     def _follow(
         self, engines: tuple[EngineInfo, ...], staying: int, keep: str, old: int, new: int,
-        why: str, survivors: bool, deadline: float,
+        why: str, survivors: bool, deadline: float, blob: bytes,
     ) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:  # fmt: skip
-        """Copy replica 0's state to the joined engines, then let every engine follow."""
+        """Give the joined engines replica 0's state (`blob`), then let every engine follow."""
         joined = engines[staying:]
         if joined:
-            blob = self._each(engines[:1], resize.snapshot, deadline, "copying the state")
-            blob = blob[0]["value"]["blob"]
             self._each(joined, resize.adopt, deadline, "taking the state", blob)
         from nbdist.core.scale_hooks import on_scale
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import nbdist as nd
-from nbdist.cluster.errors import ScaleRefusedError
+from nbdist.cluster.errors import ClusterUnusableError, ScaleFailedError, ScaleRefusedError
 from nbdist.cluster.scaling import cpu_engine_limit
 from nbdist.errors import InvalidArgumentError
 from nbdist.magics._cell import distribute_cell
@@ -131,6 +131,18 @@ def test_refusals_change_nothing(cluster):
         runner.join(60)
         os.unlink(flag)
     assert result["value"].values == (7, 7)
+    # state that cannot be copied to a new engine: refused before anything starts, named
+    held = (
+        "import threading\n"
+        "with strategy.scope():\n"
+        "    held = torch.nn.Linear(2, 2)\n"
+        "held.lock = threading.Lock()\n"
+    )
+    distribute_cell(cluster, held, timeout=60)
+    with pytest.raises(ScaleRefusedError, match=r"'held'.*@nd\.on_scale") as unpicklable:
+        cluster.scale(3)
+    assert unpicklable.value.reason == "state"
+    distribute_cell(cluster, "del held", timeout=60)
     assert list(cluster.status()) == before
     assert len(cluster.size_history) == 1
 
@@ -268,3 +280,15 @@ def test_survivors_continue_after_a_sigkill(cluster):
     states = distribute_cell(cluster, STATE, timeout=60).values
     assert torch.equal(states[0][0], states[1][0]) and states[0][2] == 2
     assert distribute_cell(cluster, "train(2)", timeout=120).values == (2, 2)
+
+
+def test_a_resize_that_fails_part_way_marks_the_cluster_unusable(cluster):
+    """Last (it leaves the cluster unusable): new engines cannot register within a timeout
+    shorter than an engine's start, so the resize fails part-way, by name, with the fix."""
+    with pytest.raises(ScaleFailedError, match="registered within") as failed:
+        cluster.scale(cluster.num_engines + 1, timeout=1.0)
+    assert "%dist restart" in str(failed.value)
+    assert cluster.broken is not None
+    with pytest.raises(ClusterUnusableError, match="unusable"):
+        distribute_cell(cluster, "1", timeout=60)
+    cluster.stop()  # the engine that came up late goes with it (checked after this test)
