@@ -96,6 +96,7 @@ class ScaleReport:
         removed: Replica ids (before the resize) of the engines that left or had died.
         hooks: The `@nd.on_scale` functions that ran.
         hook_failures: One line per failure of such a function (replica, name, error).
+        printed: What those functions printed, one line each, prefixed by replica id.
     """
 
     change: SizeChange
@@ -104,6 +105,7 @@ class ScaleReport:
     removed: tuple[int, ...] = ()
     hooks: tuple[str, ...] = ()
     hook_failures: tuple[str, ...] = ()
+    printed: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         change = self.change
@@ -123,6 +125,7 @@ class ScaleReport:
             )
         if self.hooks:
             lines.append(f"@nd.on_scale ran: {', '.join(self.hooks)}.")
+        lines += list(self.printed)
         lines += [f"@nd.on_scale failed: {line}" for line in self.hook_failures]
         return "\n".join(lines)
 
@@ -269,7 +272,7 @@ class Scaling:
                 say(f"{time.perf_counter() - began:.1f} s  {grow} engine(s) started, registered")
             engines, prefix = self._regroup(staying, joined, target, deadline)
             say(f"{time.perf_counter() - began:.1f} s  process group formed at {target}")
-            notes, hooks, failures = self._follow(
+            notes, hooks, failures, printed = self._follow(
                 engines, len(staying), keep, old, target, why, bool(dead), deadline, blob
             )
         except ScaleRefusedError:
@@ -293,8 +296,9 @@ class Scaling:
         self._size_history = [*self.size_history, change]
         removed_ranks = tuple(dead) + tuple(info.rank for info in removed)
         return ScaleReport(
-            change, notes, tuple(range(len(staying), target)), removed_ranks, hooks, failures
-        )
+            change, notes, tuple(range(len(staying), target)), removed_ranks, hooks, failures,
+            printed,
+        )  # fmt: skip
 
     def _refuse_kind(self) -> None:
         """Raise `ScaleRefusedError` for a cluster whose kind cannot be resized."""
@@ -491,7 +495,7 @@ class Scaling:
     def _follow(
         self, engines: tuple[EngineInfo, ...], staying: int, keep: str, old: int, new: int,
         why: str, survivors: bool, deadline: float, blob: bytes,
-    ) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:  # fmt: skip
+    ) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:  # fmt: skip
         """Give the joined engines replica 0's state (`blob`), then let every engine follow."""
         joined = engines[staying:]
         if joined:
@@ -511,7 +515,15 @@ class Scaling:
             for info, reply in zip(engines, settled)
             for line in reply["value"]["hook_failures"]
         )
-        return followed[0]["value"]["notes"], tuple(settled[0]["value"]["hooks"]), failures
+        printed = tuple(
+            f"[{info.rank}] {line}"
+            for info, reply in zip(engines, settled)
+            for line in reply["value"].get("printed", "").splitlines()
+        )
+        return (
+            followed[0]["value"]["notes"], tuple(settled[0]["value"]["hooks"]),
+            failures, printed,
+        )  # fmt: skip
 
     def _stop_engines(self, engines: Sequence[EngineInfo], deadline: float) -> None:
         """Stop the engines removed by a shrink: SIGTERM (they have left the group and run

@@ -26,6 +26,7 @@ Example (what the notebook does, through ipyparallel)::
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -299,8 +300,10 @@ def settle(keep: str, old: int, new: int, reason: str, joined: bool, hooks: byte
         strategy = state.strategy()
         strategy.check_resized()
         rank = int(state.rank() or 0)
-        ran, failed = _run_hooks(strategy, keep, old, new, reason, joined, rank, hooks)
-        return _ok({"hooks": ran, "hook_failures": failed})
+        printed = io.StringIO()  # what the functions print goes into the scale's report
+        with contextlib.redirect_stdout(printed):
+            ran, failed = _run_hooks(strategy, keep, old, new, reason, joined, rank, hooks)
+        return _ok({"hooks": ran, "hook_failures": failed, "printed": printed.getvalue()})
     except BaseException as error:
         return _wire.failure(error, "checking the replicas after the resize")
 
