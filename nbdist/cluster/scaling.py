@@ -283,7 +283,7 @@ class Scaling:
             raise ScaleFailedError(
                 f"{reason[0].upper()}{reason[1:]}; the cluster is unusable: run "
                 "`%dist restart` (cluster.restart()) for fresh engines (engine state is lost)."
-            ) from (error if os.environ.get("NBDIST_DEBUG_SCALE") else None)
+            ) from None
         self._stop_engines(removed, deadline)
         self._engines = engines
         self._plan = dataclasses.replace(
