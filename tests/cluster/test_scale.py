@@ -1,7 +1,8 @@
 """`cluster.scale` / `%dist scale` (issue 29) with real CPU engines, training on the digits.
 
 One cluster serves the module, resized by each test in turn: 2 → 3 → 2 keeping the global
-batch, 2 → 3 → 2 keeping the per-replica batch, then a SIGKILL mid-epoch and `survivors=True`.
+batch, 2 → 3 → 2 keeping the per-replica batch, then a SIGKILL of replica 0 (the rendezvous
+store with it) mid-epoch and `survivors=True`.
 After every change: each replica's parameters and optimizer state are bit-identical to replica
 0's (a replica that never moved), the sync-on-read count is the old total, and over the epoch
 every example was delivered exactly once. The refusals come first (they change nothing).
@@ -258,7 +259,7 @@ def test_survivors_continue_after_a_sigkill(cluster):
     kill = (
         "import os, signal\n"
         "before = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()\n"
-        "if int(os.environ['RANK']) == 2:\n"  # one replica dies mid-epoch
+        "if int(os.environ['RANK']) == 0:\n"  # replica 0 (and the store) dies mid-epoch
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "train(1)\n"
     )
@@ -280,11 +281,13 @@ def test_survivors_continue_after_a_sigkill(cluster):
     states = distribute_cell(cluster, STATE, timeout=60).values
     assert torch.equal(states[0][0], states[1][0]) and states[0][2] == 2
     assert distribute_cell(cluster, "train(2)", timeout=120).values == (2, 2)
+    cluster.stop()  # the engine this test started survived (the first one died)
 
 
-def test_a_resize_that_fails_part_way_marks_the_cluster_unusable(cluster):
-    """Last (it leaves the cluster unusable): new engines cannot register within a timeout
-    shorter than an engine's start, so the resize fails part-way, by name, with the fix."""
+def test_a_resize_that_fails_part_way_marks_the_cluster_unusable(start_cluster):
+    """New engines cannot register within a timeout shorter than an engine's start, so the
+    resize fails part-way, by name, with the fix, and the cluster is unusable."""
+    cluster = start_cluster(n=2)
     with pytest.raises(ScaleFailedError, match="registered within") as failed:
         cluster.scale(cluster.num_engines + 1, timeout=1.0)
     assert "%dist restart" in str(failed.value)
