@@ -39,7 +39,12 @@ from typing import TYPE_CHECKING, Any
 from nbdist.cluster import _wire
 from nbdist.cluster.bringup import Greeter, controller_address
 from nbdist.cluster.engine_side import joining, resize
-from nbdist.cluster.errors import EngineTimeoutError, ScaleFailedError, ScaleRefusedError
+from nbdist.cluster.errors import (
+    ClusterInterrupted,
+    EngineTimeoutError,
+    ScaleFailedError,
+    ScaleRefusedError,
+)
 from nbdist.cluster.launch.processes import pid_alive
 from nbdist.cluster.launch.startup import wait_all
 from nbdist.cluster.replies import reply_ok
@@ -277,6 +282,12 @@ class Scaling:
             )
         except ScaleRefusedError:
             raise
+        except KeyboardInterrupt:
+            self.mark_broken(f"resizing {old} → {target} was interrupted (Ctrl-C) part-way")
+            raise ClusterInterrupted(
+                f"Resizing {old} → {target} was interrupted part-way; the cluster is unusable: "
+                "run `%dist restart` (cluster.restart()) for fresh engines."
+            ) from None
         except Exception as error:
             reason = f"resizing {old} → {target} failed ({type(error).__name__}: {error})"
             self.mark_broken(reason)
