@@ -187,6 +187,14 @@ def test_scale_2_3_2_keeping_the_global_batch(cluster):
     history = cluster.size_history
     assert [(c.old, c.new) for c in history] == [(0, 2), (2, 3), (3, 2)]
     assert "size history" in str(cluster.status())
+    # the dashboard's engine view: the engines now, and the size history under them
+    from nbdist.widgets._data import ClusterSource
+    from nbdist.widgets.engines import engines_html
+
+    data = ClusterSource(cluster).collect()
+    assert [(e.replica, e.state) for e in data.engines] == [(0, "alive"), (1, "alive")]
+    view = engines_html(data)
+    assert "nd-history" in view and "scale 2 → 3" in view and "scale 3 → 2" in view
 
 
 def test_keep_replica_batch(cluster):
