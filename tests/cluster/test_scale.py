@@ -165,6 +165,7 @@ def test_scale_2_3_2_keeping_the_global_batch(cluster):
     assert report.change.old == 2 and report.change.new == 3 and report.joined == (2,)
     assert "it" in report.followed and "continues after global batch 6" in report.followed["it"]
     assert "not copied" in str(report)
+    assert cluster.strategy.num_replicas_in_sync == 3 and cluster.num_engines == 3
     # plain Python state: defined again where missing, `ids` emptied to count this part
     distribute_cell(cluster, STEP + "\nids, sizes = [], []", timeout=60)
     _identical_state(cluster, 3, total)
