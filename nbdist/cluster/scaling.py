@@ -354,10 +354,12 @@ class Scaling:
                 "Nothing changed. Run `%dist restart` (engine state is lost).",
                 reason="unusable",
             )
-        if len(self._engines) < 2:
+        history = self.size_history
+        if history and history[0].new < 2:  # its strategies were made without a group
             raise ScaleRefusedError(
-                "cluster.scale() was refused: a cluster of one engine has no process group to "
-                "resize. Nothing changed. Start it with 2 or more engines (`%dist start -n 2`).",
+                "cluster.scale() was refused: a cluster started with one engine has no process "
+                "group to resize. Nothing changed. Start it with 2 or more engines "
+                "(`%dist start -n 2`); it can be scaled down to 1 and up again later.",
                 reason="one engine",
             )
         target = n if n is not None else len(alive)
