@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         SerializationError,
     )
     from nbdist.cluster.refs import RemoteRef, remote
-    from nbdist.cluster.scaling import ScaleReport, SizeChange
+    from nbdist.cluster.size_history import ScaleReport, SizeChange
     from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 
 _LAZY: dict[str, str] = {
@@ -51,8 +51,8 @@ _LAZY: dict[str, str] = {
     "ScaleFailedError": "nbdist.cluster.errors",
     "ScaleRefusedError": "nbdist.cluster.errors",
     "SerializationError": "nbdist.cluster.errors",
-    "ScaleReport": "nbdist.cluster.scaling",
-    "SizeChange": "nbdist.cluster.scaling",
+    "ScaleReport": "nbdist.cluster.size_history",
+    "SizeChange": "nbdist.cluster.size_history",
     "EngineStrategy": "nbdist.cluster.engine_strategy",
     "RemoteRef": "nbdist.cluster.refs",
     "remote": "nbdist.cluster.refs",

@@ -47,7 +47,7 @@ def history_html(history: list) -> str:
     when, from how many engines to how many, why, how long it took.
 
     Example:
-        >>> from nbdist.cluster.scaling import SizeChange
+        >>> from nbdist.cluster.size_history import SizeChange
         >>> "2 → 3" in history_html([SizeChange(0.0, 0, 2, "start"),
         ...                          SizeChange(60.0, 2, 3, "scale 2 → 3", 3.1)])
         True

@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbdist as nd
 from nbdist.cluster.errors import ClusterStoppedError
-from nbdist.cluster.scaling import SizeChange, _keep_mode
+from nbdist.cluster.scaling import _keep_mode
+from nbdist.cluster.size_history import SizeChange
 from nbdist.cluster.status import EngineStatus, StatusTable
 from nbdist.errors import InvalidArgumentError
 from nbdist.input.following import epoch_rng, rebatched_loader, restore_rng
