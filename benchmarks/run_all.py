@@ -27,6 +27,7 @@ BENCHMARKS = [
     ("multi_worker_training", "bench_multi_worker_training.py"),
     ("multi_worker_batch_reduce", "bench_multi_worker_batch_reduce.py"),
     ("engines", "bench_engines.py"),
+    ("scale", "bench_scale.py"),
     ("checkpoint", "bench_checkpoint.py"),
     ("multi_worker_checkpoint", "bench_multi_worker_checkpoint.py"),
     ("parameter_server", "bench_parameter_server.py"),

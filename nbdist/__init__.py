@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
         ReductionToOneDevice,
     )
     from nbdist.core.reduce.op import ReduceOp
+    from nbdist.core.scale_hooks import ScaleEvent, on_scale
     from nbdist.core.values import DistributedValues, Mirrored, PerReplica
     from nbdist.core.variables import (
         MirroredVariable,
@@ -113,6 +114,8 @@ _LAZY: dict[str, str] = {
     "InputOptions": "nbdist.input",
     "InputReplicationMode": "nbdist.input",
     "log": "nbdist.telemetry.metrics",
+    "on_scale": "nbdist.core.scale_hooks",
+    "ScaleEvent": "nbdist.core.scale_hooks",
     "progress": "nbdist.telemetry.metrics",
     "ReduceOp": "nbdist.core.reduce.op",
     "CentralStorageStrategy": "nbdist.strategies",
@@ -195,6 +198,7 @@ __all__ = [
     "RendezvousError",
     "ReplicaContext",
     "ReplicaReleasedError",
+    "ScaleEvent",
     "Server",
     "Strategy",
     "StrategyExtended",
@@ -220,6 +224,7 @@ __all__ = [
     "in_cross_replica_context",
     "load_ipython_extension",
     "log",
+    "on_scale",
     "progress",
     "remote",
     "scale_regularization_loss",

@@ -30,9 +30,12 @@ if TYPE_CHECKING:
         RemoteError,
         RemoteFailure,
         RemoteNameError,
+        ScaleFailedError,
+        ScaleRefusedError,
         SerializationError,
     )
     from nbdist.cluster.refs import RemoteRef, remote
+    from nbdist.cluster.size_history import ScaleReport, SizeChange
     from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
 
 _LAZY: dict[str, str] = {
@@ -45,7 +48,11 @@ _LAZY: dict[str, str] = {
     "RemoteError": "nbdist.cluster.errors",
     "RemoteFailure": "nbdist.cluster.errors",
     "RemoteNameError": "nbdist.cluster.errors",
+    "ScaleFailedError": "nbdist.cluster.errors",
+    "ScaleRefusedError": "nbdist.cluster.errors",
     "SerializationError": "nbdist.cluster.errors",
+    "ScaleReport": "nbdist.cluster.size_history",
+    "SizeChange": "nbdist.cluster.size_history",
     "EngineStrategy": "nbdist.cluster.engine_strategy",
     "RemoteRef": "nbdist.cluster.refs",
     "remote": "nbdist.cluster.refs",
@@ -90,7 +97,11 @@ __all__ = [
     "RemoteFailure",
     "RemoteNameError",
     "RemoteRef",
+    "ScaleFailedError",
+    "ScaleRefusedError",
+    "ScaleReport",
     "SerializationError",
+    "SizeChange",
     "StatusTable",
     "remote",
 ]

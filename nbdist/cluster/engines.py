@@ -41,6 +41,7 @@ from nbdist.cluster.launch.plan import LaunchPlan, make_plan, with_communication
 from nbdist.cluster.launch.processes import ProcessSet, pid_alive
 from nbdist.cluster.launch.startup import engines_exited, output_tail, quiet
 from nbdist.cluster.launch.stop_log import launchers_of, quiet_stop_log, write_log
+from nbdist.cluster.scaling import Scaling, SizeChange
 from nbdist.cluster.sigint import interrupts_deferred
 from nbdist.cluster.start_report import StartClock, StartReport
 from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
@@ -66,7 +67,7 @@ def _stop_all_at_exit() -> None:
             cluster.stop()
 
 
-class Cluster(CallGuard, BringUp):
+class Cluster(CallGuard, BringUp, Scaling):
     """Engines for a notebook: one replica each, joined in one `torch.distributed` group.
 
     Args:
@@ -205,6 +206,7 @@ class Cluster(CallGuard, BringUp):
         self._group_prefix: str | None = None  # the group generation's prefix in the store
         self._generation = 0
         self._inflight: dict[int, set[Any]] = {}  # engine id -> requests not answered yet
+        self._size_history: list[SizeChange] = []  # the start, then each resize (scaling)
         self._turn_lock = threading.Lock()  # Note [One call at a time]
         self._turn_holder: str | None = None
         self.last_replica_check: tuple[float, bool, str] | None = None
@@ -360,6 +362,7 @@ class Cluster(CallGuard, BringUp):
         self._state = "running"
         self._report = self._clock.finish()
         self.start_seconds = self._report.total
+        self._size_history = [SizeChange(time.time(), 0, self._plan.n, "start", self.start_seconds)]
         return self
 
     def start_report(self) -> StartReport | None:
@@ -490,7 +493,7 @@ class Cluster(CallGuard, BringUp):
                     info.rank, info.id, info.host, info.pid, info.device, state, gpu=info.gpu
                 )
             )
-        return StatusTable(rows)
+        return StatusTable(rows, history=self.size_history)
 
     def __repr__(self) -> str:
         plan = self._plan

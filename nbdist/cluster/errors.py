@@ -21,6 +21,8 @@ __all__ = [
     "RemoteError",
     "RemoteFailure",
     "RemoteNameError",
+    "ScaleFailedError",
+    "ScaleRefusedError",
     "SerializationError",
 ]
 
@@ -260,6 +262,25 @@ class ClusterUnusableError(NbdistError, RuntimeError):
     def __init__(self, message: str, *, reason: str = ""):
         super().__init__(message)
         self.reason = reason
+
+
+class ScaleRefusedError(NbdistError, RuntimeError):
+    """`cluster.scale(...)` / `%dist scale` was refused before anything changed: a call or
+    cell is running, the machine has no room for that many engines, the cluster's kind cannot
+    be resized, or some state cannot follow. The message names why and the fix; `reason`
+    holds why in a few words (`"busy"`, `"capacity"`, `"strategy"`, `"launcher"`, `"state"`,
+    `"dead engines"`, `"one engine"`).
+    """
+
+    def __init__(self, message: str, *, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason
+
+
+class ScaleFailedError(NbdistError, RuntimeError):
+    """A resize failed part-way (an engine did not start or join, or the state could not
+    follow); the cluster is marked unusable, and the message names what failed and the fix
+    (`%dist restart`)."""
 
 
 class ClusterInterrupted(NbdistError, KeyboardInterrupt):

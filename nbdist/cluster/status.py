@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 __all__ = ["ENGINE_STATES", "EngineInfo", "EngineStatus", "StatusTable"]
 
@@ -56,7 +57,15 @@ class EngineStatus:
 
 
 class StatusTable(tuple):
-    """`EngineStatus` rows in replica order; prints as a table."""
+    """`EngineStatus` rows in replica order; prints as a table, then the size history when
+    the cluster was resized (`history`: the cluster's `SizeChange`s, the start first)."""
+
+    history: tuple = ()
+
+    def __new__(cls, rows: Any = (), *, history: Any = ()) -> StatusTable:
+        table = super().__new__(cls, rows)
+        table.history = tuple(history)
+        return table
 
     @property
     def alive(self) -> bool:
@@ -75,7 +84,10 @@ class StatusTable(tuple):
                 for i, (cell, width) in enumerate(zip(cells, widths))
             ).rstrip()
 
-        return "\n".join(line(row) for row in [header, *rows])
+        text = "\n".join(line(row) for row in [header, *rows])
+        if len(self.history) > 1:
+            text += "\nsize history:\n" + "\n".join(f"  {change}" for change in self.history)
+        return text
 
     def __repr__(self) -> str:
         return str(self) if self else "StatusTable(no engines)"

@@ -88,6 +88,7 @@ from nbdist.cluster.replies import (
 )
 from nbdist.cluster.sigint import interrupts_deferred
 from nbdist.cluster.status import EngineInfo
+from nbdist.cluster.turns import SURVIVORS
 
 if TYPE_CHECKING:
     from nbdist.cluster.handle import ClusterHandle
@@ -385,7 +386,7 @@ class Supervisor:
             self.cluster.mark_broken(f"the engine(s) of replica(s) {died} died during {self.what}")
             return (
                 f" Replica(s) {died} died; the cluster is unusable: run {fix} (engine state is "
-                "lost)."
+                f"lost).{SURVIVORS}"
             )
         notes = {
             info.rank: interrupt_note(self.cluster.client, part)

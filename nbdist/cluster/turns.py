@@ -28,7 +28,13 @@ from nbdist.cluster.replies import interrupt_note, reply_ok
 from nbdist.cluster.status import EngineInfo, StatusTable
 from nbdist.errors import BusyError, WorkerLostError
 
-__all__ = ["CallGuard"]
+__all__ = ["SURVIVORS", "CallGuard"]
+
+SURVIVORS = (
+    " Or continue on the live engines with their state (parameters, optimizers, data "
+    "position): `%dist scale --survivors` (cluster.scale(survivors=True))."
+)
+"""The fix added where engines died (`cluster.scale`, nbdist.cluster.scaling)."""
 
 
 class CallGuard:
@@ -117,7 +123,7 @@ class CallGuard:
             raise WorkerLostError(
                 f"The engine(s) of replica(s) {list(dead)} are dead (their process exited), so "
                 f"{what} was not run. Run {fix} to start fresh engines (engine state is lost), "
-                "then run it again.",
+                f"then run it again.{SURVIVORS}",
                 missing=dead,
             )
 
@@ -130,7 +136,10 @@ class CallGuard:
         if self._broken is not None:
             raise ClusterUnusableError(
                 f"{what} was not run: the cluster is unusable because {self._broken}. Run {fix} "
-                "to start fresh engines (engine state is lost), then run it again.",
+                f"to start fresh engines (engine state is lost), then run it again.{SURVIVORS}"
+                if any(row.state == "dead" for row in self.status())
+                else f"{what} was not run: the cluster is unusable because {self._broken}. Run "
+                f"{fix} to start fresh engines (engine state is lost), then run it again.",
                 reason=self._broken,
             )
         self.require_idle(what, fix, wait=wait)

@@ -239,6 +239,31 @@ class GroupLifecycle:
         self._init_group()
         self._liveness = self._start_liveness(self._liveness.store)
 
+    def resize(
+        self, *, rank: int, world_size: int, master_addr: str, master_port: int, generation: str
+    ) -> None:
+        """Leave the group and form one of `world_size` ranks as `rank`, meeting at a fresh
+        rendezvous store `master_addr:master_port` under `generation` (`%dist scale`: every
+        rank of the new group at once, engines that join for the first time included, whose
+        first group takes generation "0").
+
+        Like `reform`, the process keeps its Python state; raises `RendezvousError` when a rank
+        does not join in time.
+        """
+        if not self._owns_group:
+            self.reform(generation)  # raises the error for a group made outside nbdist
+        self._liveness.stop()
+        self.rank, self.world_size = rank, world_size
+        self._books.rank, self._books.world_size = rank, world_size
+        self._books.ranks = (rank,)
+        self._master = (master_addr, master_port)
+        self._sockets = GroupSockets(master_port)
+        self._store = connect_store(master_addr, master_port, rank, world_size, self.timeout)
+        self._liveness.store = connect_store(
+            master_addr, master_port, rank, world_size, self.timeout, client=True
+        )
+        self.reform(generation)
+
     # -- rendezvous and liveness ----------------------------------------------------------
     def _meet(self, timeout: float) -> None:
         identity = gpu_identity(self.device) if self.backend == "nccl" else UNKNOWN_GPU

@@ -331,6 +331,15 @@ class DistributedVariable(DistributedValues, Variable):
         self._aggregation = aggregation
         self._device = devices[0]
 
+    def __reduce__(self):
+        # A copy for a process that joins a resized cluster (`%dist scale`): the strategy is
+        # pickled as a reference there and becomes that process's strategy.
+        return (
+            _rebuild_variable,
+            (type(self), self._strategy, list(self._values), self._devices, self._name,
+             self._trainable, self._synchronization, self._aggregation),
+        )  # fmt: skip
+
     @property
     def devices(self) -> tuple[str, ...]:  # type: ignore[override]
         """Every device holding a component."""
@@ -362,6 +371,14 @@ class DistributedVariable(DistributedValues, Variable):
         if replica is None:
             return None
         return physical_device(replica.devices[0])
+
+
+def _rebuild_variable(cls, strategy, components, devices, name, trainable, sync, aggregation):
+    """A `DistributedVariable` from its pickled parts (`DistributedVariable.__reduce__`)."""
+    return cls(
+        strategy, components, devices, name=name, trainable=trainable,
+        synchronization=sync, aggregation=aggregation,
+    )  # fmt: skip
 
 
 class MirroredVariable(DistributedVariable):

@@ -28,6 +28,7 @@ from nbdist.input.errors import (
     InputTransformationError,
     InputTypeError,
 )
+from nbdist.input.following import epoch_rng
 from nbdist.input.iterator import DistributedIterator
 from nbdist.input.options import InputOptions, InputReplicationMode
 from nbdist.input.position import GLOBAL_BATCHES, Position, Resume
@@ -76,7 +77,9 @@ class DistributedDataset:
         kind: str,
         num_replicas_in_sync: int,
         num_workers: int,
+        recipe: tuple[str, Any, InputOptions] | None = None,
     ):
+        self._recipe = recipe
         self._steps, self._length, self._source = steps, length, source
         self._kind, self._num_replicas, self._num_workers = kind, num_replicas_in_sync, num_workers
         self._devices, self._replica_ids, self._options = devices, replica_ids, options
@@ -94,6 +97,18 @@ class DistributedDataset:
         """This worker's replica devices, in local replica order."""
         return self._devices
 
+    @property
+    def recipe(self) -> tuple[str, Any, InputOptions] | None:
+        """What it was made of, to make it again for another topology (Note [Following a
+        resize] in nbdist.input.following): `("dataset", input, options)` or
+        `("function", dataset_fn, options)`."""
+        return self._recipe
+
+    def take_over(self, other: DistributedDataset) -> None:
+        """Become `other` (the same input distributed for a resized cluster), in place, so
+        that names bound to this dataset follow the resize."""
+        self.__dict__.update(other.__dict__)
+
     def __iter__(self) -> DistributedIterator:
         depth = self._depth if self._transfer.asynchronous else 0
         position = Position(
@@ -102,6 +117,7 @@ class DistributedDataset:
         return DistributedIterator(
             self._steps(position, None), self._transfer, depth, self._replica_ids,
             position=position, resume=lambda resume: self._steps(position, resume),
+            origin=(self, epoch_rng(self._source)),
         )  # fmt: skip
 
     def __len__(self) -> int:
@@ -207,6 +223,7 @@ def distribute_dataset(
         kind=GLOBAL_BATCHES,
         num_replicas_in_sync=num_replicas_in_sync,
         num_workers=num_workers,
+        recipe=("dataset", dataset, options),
     )
 
 
@@ -295,6 +312,7 @@ def distribute_datasets_from_function(
         kind="per_replica" if per_replica else "per_worker",
         num_replicas_in_sync=num_replicas_in_sync,
         num_workers=num_workers,
+        recipe=("function", dataset_fn, options),
     )
 
 

@@ -51,7 +51,9 @@ class DistributedIterator:
         *,
         position: Position | None = None,
         resume: Callable[[Resume], Iterator[list[Any]]] | None = None,
+        origin: tuple[Any, list[torch.Tensor]] | None = None,
     ):
+        self._origin = origin
         self._steps, self._transfer, self._depth = steps, transfer, depth
         self._replica_ids = replica_ids
         self._buffer: deque[Any] = deque()
@@ -68,6 +70,18 @@ class DistributedIterator:
         """How far the iterator has got (batches and examples delivered), which a checkpoint
         saves and restores; None for an iterator not made by `iter(distributed_dataset)`."""
         return self._position
+
+    @property
+    def origin(self) -> tuple[Any, list[torch.Tensor]] | None:
+        """`(dataset, states of its loader's random generators when this epoch began)`, for
+        following a resize (Note [Following a resize] in nbdist.input.following); None for an
+        iterator not made by `iter(distributed_dataset)`."""
+        return self._origin
+
+    def take_over(self, other: DistributedIterator) -> None:
+        """Become `other` (this epoch, continued on a resized cluster), in place, so that names
+        bound to this iterator follow the resize."""
+        self.__dict__.update(other.__dict__)
 
     def __next__(self) -> Any:
         return self.get_next()

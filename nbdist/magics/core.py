@@ -22,7 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from nbdist.cluster import session
-from nbdist.magics import _stack
+from nbdist.magics import _scale, _stack
 from nbdist.magics._modes import OUTPUT_MODES
 
 if TYPE_CHECKING:  # imported when a command needs them (Note [Lazy public API] in nbdist)
@@ -172,6 +172,7 @@ _DIST_USAGE = (
     "[--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
     "%dist status | stop | restart | auto on|off | warm [on|off] | dashboard | traceback | "
     "stack [--all] [--collectives]\n"
+    f"{_scale.SCALE_USAGE}\n"
     "%dist output all|first|none|tabs|auto"
 )
 
@@ -195,8 +196,8 @@ class DistMagics(Magics):
     # -- %dist --------------------------------------------------------------------------
     @line_magic
     def dist(self, line: str = "") -> None:
-        """Manage the engines: %dist start|status|stop|restart|auto on|off|dashboard|traceback|
-        stack."""
+        """Manage the engines: %dist start|status|stop|restart|scale|auto on|off|dashboard|
+        traceback|stack."""
         words = _split(line, "%dist")
         if not words:
             raise UsageError(f"%dist needs a command:\n{_DIST_USAGE}")
@@ -212,6 +213,7 @@ class DistMagics(Magics):
             "traceback": self._traceback,
             "output": self._output,
             "stack": lambda words: _stack.stack_command(self.cluster, words),
+            "scale": lambda words: _scale.scale_command(self.cluster, words),
         }.get(command)
         if handler is None:
             raise UsageError(f"%dist: unknown command {command!r}. Use:\n{_DIST_USAGE}")
@@ -437,7 +439,10 @@ class DistMagics(Magics):
                 "waiting: engine state is lost)."
             )
         if dead:
-            print(f"Replica(s) {dead} are dead: run `%dist restart` (engine state is lost).")
+            print(
+                f"Replica(s) {dead} are dead: run `%dist scale --survivors` to continue on the "
+                "live engines with their state, or `%dist restart` (engine state is lost)."
+            )
 
     # -- %%distribute -------------------------------------------------------------------
     @cell_magic

@@ -65,6 +65,7 @@ from nbdist.strategies._live_workers import (
 from nbdist.strategies._replica_check import differing, diverged_message, fingerprint
 from nbdist.strategies._worker_reduction import WorkerReduction
 from nbdist.strategies.base import ReplicaContext, Strategy, module_registration_hooks
+from nbdist.strategies.resizable import Resizable
 
 __all__ = [
     "MultiWorkerMirroredStrategy",
@@ -136,7 +137,7 @@ def worker_topology(resolver: ClusterResolver | None) -> WorkerTopology:
     return WorkerTopology(rank, world_size, host, port, local_rank)
 
 
-class MultiWorkerMirroredStrategy(Strategy):
+class MultiWorkerMirroredStrategy(Resizable, Strategy):
     """Synchronous data parallelism over worker processes (gloo on CPUs, NCCL on GPUs).
 
     With no resolver it reads, in this order, `TF_CONFIG`, the torchrun variables and Slurm's;

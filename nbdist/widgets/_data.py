@@ -78,6 +78,8 @@ class DashboardData:
     memory: dict[int, int | None] = dataclasses.field(default_factory=dict)
     replica_check: ReplicaCheck | None = None
     note: str = ""
+    size_history: list[Any] = dataclasses.field(default_factory=list)
+    """A cluster's sizes (`SizeChange`s: the start, then each `%dist scale`), oldest first."""
 
     def __getitem__(self, name: str) -> Any:
         """`data["metrics"]` reads `data.metrics` (code written when this was a dict)."""
@@ -245,6 +247,14 @@ class ClusterSource:
         from nbdist.cluster.launch.processes import pid_alive
         from nbdist.cluster.status import EngineStatus
 
+        resized = len(getattr(self.cluster, "size_history", ()))
+        if resized != getattr(self, "_sizes_seen", resized):  # `%dist scale`: new engines
+            self._registered = None
+            ranks = {info.rank for info in self.cluster.engines}
+            for rank in [r for r in self._snapshots if r not in ranks]:
+                self._snapshots.pop(rank, None)
+                self._seen.pop(rank, None)
+        self._sizes_seen = resized
         if not in_thread or self._registered is None:
             rows = list(self.cluster.status())
             self._registered = {row.id for row in rows if row.state != "dead"}
@@ -275,11 +285,14 @@ class ClusterSource:
             for row in status
         ]  # fmt: skip
         dead = [row.rank for row in status if row.state == "dead"]
-        return build_data(
+        data = build_data(
             engines, self._snapshots,
             checks=[getattr(self.cluster, "last_replica_check", None)],
-            note=f"Engine(s) of replica(s) {dead} are dead: `%dist restart`." if dead else "",
+            note=f"Engine(s) of replica(s) {dead} are dead: `%dist restart`, or `%dist scale "
+            "--survivors` to go on without them." if dead else "",
         )  # fmt: skip
+        data.size_history = list(getattr(self.cluster, "size_history", ()))
+        return data
 
 
 def newest_check(checks: Sequence[Any]) -> ReplicaCheck | None:

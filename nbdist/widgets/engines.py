@@ -10,7 +10,7 @@ import ipywidgets
 from nbdist.widgets._data import DashboardData
 from nbdist.widgets.placement import TABLE_STYLE, _size
 
-__all__ = ["EnginesView", "engines_html"]
+__all__ = ["EnginesView", "engines_html", "history_html"]
 
 _COLORS = {"alive": "#2a9d8f", "busy": "#e9c46a", "dead": "#e63946"}
 
@@ -38,7 +38,31 @@ def engines_html(data: DashboardData) -> str:
     note = f"<p class='nd-note'>{html.escape(data.note)}</p>" if data.note else ""
     return (
         f"{TABLE_STYLE}{note}<table class='nd-table nd-engines'><tr>{head}</tr>{''.join(rows)}"
-        "</table>"
+        f"</table>{history_html(data.size_history)}"
+    )
+
+
+def history_html(history: list) -> str:
+    """The size history (`%dist scale`) as an HTML table, or "" for a cluster never resized:
+    when, from how many engines to how many, why, how long it took.
+
+    Example:
+        >>> from nbdist.cluster.size_history import SizeChange
+        >>> "2 → 3" in history_html([SizeChange(0.0, 0, 2, "start"),
+        ...                          SizeChange(60.0, 2, 3, "scale 2 → 3", 3.1)])
+        True
+    """
+    if len(history) < 2:
+        return ""
+    rows = "".join(
+        f"<tr class='nd-resize'><td>{time.strftime('%H:%M:%S', time.localtime(c.when))}</td>"
+        f"<td>{c.old} → {c.new}</td><td>{html.escape(c.why)}</td><td>{c.seconds:.1f} s</td></tr>"
+        for c in history
+    )
+    head = "".join(f"<th>{h}</th>" for h in ("when", "engines", "why", "took"))
+    return (
+        "<p class='nd-note'>size history</p>"
+        f"<table class='nd-table nd-history'><tr>{head}</tr>{rows}</table>"
     )
 
 
