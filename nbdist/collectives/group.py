@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nbdist._private_api import set_group_timeout
 from nbdist.collectives import agreed, held
 from nbdist.collectives.abort import ABORT_KEY, GroupSockets, abort_kind, decode_abort, encode_abort
 from nbdist.collectives.bookkeeping import Bookkeeping
@@ -132,9 +133,7 @@ class GroupLifecycle:
         self._world = dist.group.WORLD
         self._watching = held.enabled() and self.backend == "gloo" and self._sockets.count > 0
         if self._watching:  # Note [Held replicas]: the heartbeat enforces self.timeout
-            from torch.distributed.distributed_c10d import _set_pg_timeout
-
-            _set_pg_timeout(timedelta(seconds=max(self.timeout, held.LONG_TIMEOUT_S)), self._world)
+            set_group_timeout(timedelta(seconds=max(self.timeout, held.LONG_TIMEOUT_S)), self._world)
 
     def _start_liveness(self, store: Any) -> Liveness:
         liveness = Liveness(
