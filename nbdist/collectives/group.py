@@ -133,7 +133,8 @@ class GroupLifecycle:
         self._world = dist.group.WORLD
         self._watching = held.enabled() and self.backend == "gloo" and self._sockets.count > 0
         if self._watching:  # Note [Held replicas]: the heartbeat enforces self.timeout
-            set_group_timeout(timedelta(seconds=max(self.timeout, held.LONG_TIMEOUT_S)), self._world)
+            long = timedelta(seconds=max(self.timeout, held.LONG_TIMEOUT_S))
+            set_group_timeout(long, self._world)
 
     def _start_liveness(self, store: Any) -> Liveness:
         liveness = Liveness(
