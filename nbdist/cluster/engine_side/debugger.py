@@ -100,7 +100,7 @@ def hook(*args: Any, **kwargs: Any) -> None:
     stop_here(caller.f_back if caller is not None else None, "breakpoint()")
 
 
-def stop_here(frame: FrameType | None, why: str) -> None:
+def stop_here(frame: FrameType | None, why: str) -> None:  # also `hook.stop_here`
     """Stop this replica in `frame` with the notebook's debugger prompt (a no-op, said on
     stderr, when no notebook attaches within `ACCEPT_S`)."""
     session = _last["session"]
@@ -112,9 +112,12 @@ def stop_here(frame: FrameType | None, why: str) -> None:
     session.set_trace(frame)
 
 
-def post_mortem() -> dict[str, Any]:
+hook.stop_here = stop_here  # type: ignore[attr-defined]  # nd.breakpoint() finds it here
+
+
+def post_mortem(_request: Any = None) -> dict[str, Any]:
     """Open the notebook's prompt in the frames of this engine's last failure (`%dist debug`
-    sends this by reference); a reply dict, as the other entry points."""
+    sends this by reference through `supervise`); a reply dict, as the other entry points."""
     from nbdist.cluster import _wire
     from nbdist.errors import ContextError
 
