@@ -22,7 +22,7 @@ import re
 import sys
 from collections.abc import Callable
 
-__all__ = ["numbered_like_the_editor", "remember", "rename"]
+__all__ = ["numbered_like_the_editor", "remember", "rename", "rename_pdb"]
 
 _LIMIT = 1000  # cells remembered (the oldest is forgotten first)
 _names: dict[str, int] = {}
@@ -72,6 +72,28 @@ def remember(filename: str, count: int | None) -> None:
     _names[filename] = count
     while len(_names) > _LIMIT:
         del _names[next(iter(_names))]
+
+
+_PDB_FILE = re.compile(r"(<distribute-cell-\d+>)\(")
+
+
+def rename_pdb(text: str) -> str:
+    """`text` (pdb's output on an engine) with every `%%distribute` cell's file named as the
+    editor names the cell: `> <distribute-cell-1>(6)<module>()` becomes `> Cell In[6](6)...`.
+
+    Example:
+        >>> remember("<distribute-cell-2>", 7)
+        >>> rename_pdb("> <distribute-cell-2>(3)<module>()")
+        '> Cell In[7](3)<module>()'
+    """
+    if "<distribute-cell-" not in text:
+        return text
+
+    def name(match: re.Match[str]) -> str:
+        count = _names.get(match.group(1))
+        return match.group(0) if count is None else f"Cell In[{count}]("
+
+    return _PDB_FILE.sub(name, text)
 
 
 def rename(text: str) -> str:

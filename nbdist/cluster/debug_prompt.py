@@ -42,6 +42,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nbdist.cluster.cell_names import rename_pdb
 from nbdist.cluster.engine_side.debugger import DEBUG_KEY
 from nbdist.cluster.status import EngineInfo
 
@@ -358,7 +359,7 @@ class DebugConsole:
 
 
 def _write(text: str) -> None:
-    print(text, end="", flush=True)
+    print(rename_pdb(text), end="", flush=True)
 
 
 def _succeeded(part: Any) -> bool:

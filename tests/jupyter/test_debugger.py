@@ -43,6 +43,7 @@ class Session:
             with contextlib.suppress(queue.Empty):
                 request = client.get_stdin_msg(timeout=0.05)
                 if request["msg_type"] == "input_request":
+                    idle = self._drain(client, msg_id, 0.3)  # what was printed before it
                     prompt = request["content"]["prompt"]
                     self.prompts.append(prompt)
                     self.text += prompt
@@ -50,22 +51,26 @@ class Session:
                     if answer is not None:
                         self.text += answer + "\n"
                         client.input(answer)
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    msg = client.get_iopub_msg(timeout=0.05)
-                    if msg["parent_header"].get("msg_id") != msg_id:
-                        continue
-                    kind, content = msg["msg_type"], msg["content"]
-                    if kind == "stream":
-                        self.text += content["text"]
-                    elif kind == "error":
-                        self.error = content
-                    elif kind in ("execute_result", "display_data"):
-                        self.text += content["data"].get("text/plain", "") + "\n"
-                    elif kind == "status" and content["execution_state"] == "idle":
-                        idle = True
-                        break
+            idle = idle or self._drain(client, msg_id, 0.05)
         self.status = kernel.reply(msg_id)["content"]["status"]
+
+    def _drain(self, client, msg_id: str, wait: float) -> bool:
+        """Take the cell's IOPub messages until none comes for `wait` s; True once idle."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                msg = client.get_iopub_msg(timeout=wait)
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "stream":
+                    self.text += content["text"]
+                elif kind == "error":
+                    self.error = content
+                elif kind in ("execute_result", "display_data"):
+                    self.text += content["data"].get("text/plain", "") + "\n"
+                elif kind == "status" and content["execution_state"] == "idle":
+                    return True
+        return False
 
 
 def scripted(*lines: str):
@@ -76,6 +81,16 @@ def scripted(*lines: str):
         return pending.pop(0) if pending else "c"
 
     return answer
+
+
+def _pids_by_rank(kernel: Kernel) -> dict[int, int]:
+    text, error = kernel.run(
+        "from nbdist.magics import current_cluster\n"
+        "print('RANKS', *[f'{e.rank}:{e.pid}' for e in current_cluster().engines])"
+    )
+    assert error is None, error
+    pairs = [item.split(":") for item in text.split("RANKS", 1)[1].split()]
+    return {int(rank): int(pid) for rank, pid in pairs}
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +109,7 @@ def kernel(tmp_path_factory):
         )
         pids = [int(p) for p in text.split("PIDS", 1)[1].split()]
         k.pids = pids
+        k.pids_by_rank = _pids_by_rank(k)
         yield k
     finally:
         if k is not None and km.is_alive():
@@ -108,21 +124,158 @@ def kernel(tmp_path_factory):
                 psutil.Process(pid).kill()
 
 
+def test_dist_debug_with_no_failure_names_the_fix(kernel):
+    text, error = kernel.run("%dist debug")  # IPython shows a UsageError as one line
+    assert "UsageError: %dist debug: no failure to debug" in text, (text, error)
+    assert "Run the failing cell first, then `%dist debug`" in text, text
+    text, error = kernel.run("%dist debug 0")  # the engine itself has no failure either
+    assert "UsageError: %dist debug: Replica 0 has no failure to debug" in text, (text, error)
+
+
 ONE_STOPS = (
     "%%distribute\n"
+    "import time\n"
     "rank = strategy.cluster_resolver.task_id\n"
     "x = 10 * (rank + 1)\n"
     "if rank == 1:\n"
     "    breakpoint()\n"
     "y = x + 1\n"
+    "began = time.monotonic()\n"
     "total = strategy.reduce('sum', strategy.run(lambda: torch.tensor(float(y))), axis=None)\n"
+    "waited = time.monotonic() - began\n"
     "(x, y, float(total))\n"
+)
+HOLD_S = COLLECTIVE_TIMEOUT_S + 3
+
+
+def test_breakpoint_on_replica_1_shows_its_values_and_the_cell_ends_as_without_it(kernel):
+    without = Session(kernel, ONE_STOPS.replace("breakpoint()", "pass"), scripted())
+    assert without.error is None and not without.prompts, without.text
+    assert "PerReplica:{0: (10, 11, 32.0), 1: (20, 21, 32.0)}" in without.text, without.text
+
+    held = {}
+
+    def answer(session: Session, prompt: str) -> str:
+        if "status" not in held:
+            held["status"] = True
+            return "%dist status"
+        if "c" not in held and session.text.count("(Pdb replica 1) ") >= 5:
+            # at the prompt for longer than the collective timeout while replica 0 waits
+            time.sleep(HOLD_S)
+            held["c"] = True
+        return next(commands)
+
+    commands = iter(["p x", "n", "p y", "c"])
+    session = Session(kernel, ONE_STOPS, answer)
+    assert session.error is None, (session.error, session.text)
+    assert set(session.prompts) == {"(Pdb replica 1) "}, session.prompts
+    text = session.text
+    assert "(Pdb replica 1) p x\n20\n" in text, text  # replica 1's x, not replica 0's 10
+    assert "(Pdb replica 1) n\n> Cell In[" in text and "-> y = x + 1" in text, text
+    assert "(Pdb replica 1) p y\n21\n" in text, text
+    assert "Replica 1 is stopped in the debugger" in text, text
+    assert "Replica 0 is waiting for replica 1 in the debugger." in text, text
+    assert "PerReplica:{0: (10, 11, 32.0), 1: (20, 21, 32.0)}" in text, text  # as without
+    # replica 0 waited in its all-reduce for replica 1, longer than the collective timeout
+    waited, error = kernel.run("%%distribute\nround(waited, 1)")
+    assert error is None, error
+    first = float(waited.split("{0: ", 1)[1].split(",", 1)[0])
+    assert first >= HOLD_S, waited
+
+
+BOTH_STOP = (
+    "%%distribute\n"
+    "rank = strategy.cluster_resolver.task_id\n"
+    "mine = 100 + rank\n"
+    "breakpoint()\n"
+    "total = strategy.reduce('sum', strategy.run(lambda: torch.tensor(float(mine))), axis=None)\n"
+    "float(total)\n"
 )
 
 
-def test_breakpoint_on_replica_1_prints_its_values_and_the_cell_ends_as_without_it(kernel):
-    session = Session(kernel, ONE_STOPS, scripted("p x", "n", "p y", "c"))
+def test_both_replicas_stop_switch_between_them_and_continue_both(kernel):
+    steps = []
+
+    def answer(session: Session, prompt: str) -> str:
+        if "stopped: 0, 1" not in prompt and not steps:
+            return "p mine"  # the other replica has not stopped yet: ask again
+        steps.append(prompt)
+        return {1: "p mine", 2: "replica 1", 3: "p mine", 4: "c"}.get(len(steps), "c")
+
+    session = Session(kernel, BOTH_STOP, answer)
+    assert session.error is None, (session.error, session.text)
+    assert steps[0] == "(Pdb replica 0; stopped: 0, 1) ", steps
+    assert steps[2] == "(Pdb replica 1; stopped: 0, 1) ", steps
+    assert steps[4] == "(Pdb replica 0) ", steps  # replica 1 continued: replica 0 is left
+    assert "(Pdb replica 1; stopped: 0, 1) p mine\n101\n" in session.text, session.text
+    assert "PerReplica:{0: 201.0, 1: 201.0}" in session.text, session.text
+
+
+def test_ctrl_c_at_the_prompt_leaves_the_debugger_and_interrupts_the_cell(kernel):
+    began = {}
+
+    def answer(session: Session, prompt: str) -> None:
+        began["t"] = time.monotonic()
+        kernel.km.interrupt_kernel()
+        return None
+
+    session = Session(kernel, ONE_STOPS, answer)
+    assert time.monotonic() - began["t"] < 5
+    assert session.error is not None and session.error["ename"] == "ClusterInterrupted", (
+        session.error, session.text)  # fmt: skip
+    assert "usable" in session.error["evalue"] and "unusable" not in session.error["evalue"]
+    text, error = kernel.run(RIGHT_SUM)
+    assert error is None, error
+    assert "[0] sum 30.0" in text and "[1] sum 30.0" in text
+
+
+RIGHT_SUM = (
+    "%%distribute\n"
+    "import torch.distributed as dist\n"
+    "t = torch.tensor([10.0 * (dist.get_rank() + 1)])\n"
+    "dist.all_reduce(t)\n"
+    "print('sum', t.item())\n"
+)
+FAILS_ON_1 = (
+    "%%distribute\n"
+    "def scale(a, b):\n"
+    "    q = a * 2\n"
+    "    return q / b\n"
+    "rank = strategy.cluster_resolver.task_id\n"
+    "scale(rank + 1, 1 - rank)\n"
+)
+
+
+def test_dist_debug_after_a_zero_division_on_replica_1_shows_the_failing_frames_locals(kernel):
+    text, error = kernel.run(FAILS_ON_1)
+    assert error is not None and "ZeroDivisionError" in str(error), error
+    session = Session(kernel, "%dist debug", scripted("p a, b, q", "w", "u", "p rank", "c"))
     assert session.error is None, (session.error, session.text)
     assert session.prompts[0] == "(Pdb replica 1) ", session.prompts
-    print(session.text)
-    assert 0
+    text = session.text
+    assert "ZeroDivisionError: division by zero" in text, text
+    assert "(Pdb replica 1) p a, b, q\n(2, 0, 4)\n" in text, text
+    assert "-> return q / b" in text, text
+    assert "(Pdb replica 1) p rank\n1\n" in text, text  # `u`: the cell's frame
+    assert "nbdist" not in text.split("(Pdb replica 1) w", 1)[1].split("(Pdb", 1)[0], text
+
+
+def test_a_replica_that_dies_at_the_prompt_is_named_and_the_cell_ends(kernel):
+    pid = {}
+
+    def answer(session: Session, prompt: str) -> str:
+        if not pid:
+            pid["killed"] = kernel.pids_by_rank[1]
+            psutil.Process(pid["killed"]).kill()
+            psutil.Process(pid["killed"]).wait(timeout=20)
+        return "p x"
+
+    session = Session(kernel, ONE_STOPS, answer)
+    assert "Replica 1 left the debugger" in session.text, session.text
+    assert session.error is not None, session.text
+    assert "died" in session.error["evalue"] and "replica" in session.error["evalue"].lower()
+    text, error = kernel.run("%dist restart")
+    assert error is None, error
+    kernel.pids_by_rank = _pids_by_rank(kernel)
+    text, error = kernel.run(RIGHT_SUM)
+    assert error is None, error
