@@ -529,11 +529,17 @@ def load(shell: Any) -> DistMagics:
             return magics
     magics = DistMagics(shell)
     shell.register_magics(magics)
+    from nbdist.magics import _complete
+
+    _complete.install(shell, magics)  # Tab and Shift+Tab from replica 0's namespace
     return magics
 
 
 def unload(shell: Any) -> None:
     """Stop the cluster started from `shell` and turn `%dist auto` off."""
+    from nbdist.magics import _complete
+
+    _complete.uninstall(shell)
     for magics in list(_instances):
         if magics.shell is shell:
             if _auto_transform in shell.input_transformers_cleanup:

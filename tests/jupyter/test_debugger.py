@@ -260,6 +260,52 @@ def test_dist_debug_after_a_zero_division_on_replica_1_shows_the_failing_frames_
     assert "nbdist" not in text.split("(Pdb replica 1) w", 1)[1].split("(Pdb", 1)[0], text
 
 
+def _shell_reply(kernel: Kernel, msg_id: str) -> dict:
+    return kernel.reply(msg_id, timeout=30)["content"]
+
+
+ENGINE_ONLY = (
+    "%%distribute\n"
+    "engine_only_weights = torch.ones(3)\n"
+    "def engine_only_fn(a, b=2):\n"
+    "    'Adds on the engine.'\n"
+    "    return a + b\n"
+)
+
+
+def test_tab_and_shift_tab_answer_from_replica_0s_namespace_within_the_timeout(kernel):
+    text, error = kernel.run(ENGINE_ONLY)
+    assert error is None, error
+    client = kernel.client
+    cell = "%%distribute\nx = engine_only_w"
+    matches = _shell_reply(kernel, client.complete(cell, len(cell)))["matches"]
+    assert "engine_only_weights" in matches, matches
+    plain = "x = engine_only_w"  # not a %%distribute cell: the notebook's own names only
+    assert "engine_only_weights" not in _shell_reply(kernel, client.complete(plain, len(plain)))[
+        "matches"
+    ]
+    cell = "%%distribute\nengine_only_weights.resh"
+    matches = _shell_reply(kernel, client.complete(cell, len(cell)))["matches"]
+    assert "engine_only_weights.reshape" in matches, matches
+    cell = "%%distribute\nengine_only_fn(1)"
+    found = _shell_reply(kernel, client.inspect(cell, len("%%distribute\nengine_only_f")))
+    assert found["found"], found
+    shown = found["data"]["text/plain"]
+    assert "Signature:      engine_only_fn(a, b=2)" in shown and "Adds on the engine." in shown
+    assert "from replica 0's namespace" in shown, shown
+    # an engine that does not answer (stopped) adds nothing, within the timeout
+    engine = psutil.Process(kernel.pids_by_rank[0])
+    engine.suspend()
+    try:
+        cell = "%%distribute\nx = engine_only_w"
+        began = time.monotonic()
+        matches = _shell_reply(kernel, client.complete(cell, len(cell)))["matches"]
+        took = time.monotonic() - began
+    finally:
+        engine.resume()
+    assert "engine_only_weights" not in matches and took < 3, (matches, took)
+
+
 def test_a_replica_that_dies_at_the_prompt_is_named_and_the_cell_ends(kernel):
     pid = {}
 
