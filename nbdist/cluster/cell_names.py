@@ -74,24 +74,25 @@ def remember(filename: str, count: int | None) -> None:
         del _names[next(iter(_names))]
 
 
-_PDB_FILE = re.compile(r"(<distribute-cell-\d+>)\(")
+_PDB_FILE = re.compile(r"(?m)^([> ] )(\S.*?)\((\d+)\)")
 
 
 def rename_pdb(text: str) -> str:
-    """`text` (pdb's output on an engine) with every `%%distribute` cell's file named as the
-    editor names the cell: `> <distribute-cell-1>(6)<module>()` becomes `> Cell In[6](6)...`.
+    """`text` (pdb's output on an engine) with every notebook cell's file named as the editor
+    names the cell: `> <distribute-cell-1>(6)<module>()` becomes `> Cell In[6](6)<module>()`
+    (also a function defined in a notebook cell, named by the kernel's file for it).
 
     Example:
         >>> remember("<distribute-cell-2>", 7)
         >>> rename_pdb("> <distribute-cell-2>(3)<module>()")
         '> Cell In[7](3)<module>()'
     """
-    if "<distribute-cell-" not in text:
-        return text
+    kernel = _kernel_label()
 
     def name(match: re.Match[str]) -> str:
-        count = _names.get(match.group(1))
-        return match.group(0) if count is None else f"Cell In[{count}]("
+        lead, filename, line = match.groups()
+        label = f"Cell In[{_names[filename]}]" if filename in _names else kernel(filename)
+        return match.group(0) if label is None else f"{lead}{label}({line})"
 
     return _PDB_FILE.sub(name, text)
 

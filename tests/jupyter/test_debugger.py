@@ -260,6 +260,24 @@ def test_dist_debug_after_a_zero_division_on_replica_1_shows_the_failing_frames_
     assert "nbdist" not in text.split("(Pdb replica 1) w", 1)[1].split("(Pdb", 1)[0], text
 
 
+def test_nd_breakpoint_stops_only_the_replica_named_also_in_strategy_run(kernel):
+    cell = (
+        "import nbdist as nd\n"
+        "from nbdist.magics import current_cluster\n"
+        "def step():\n"
+        "    here = 7 * (nd.get_replica_context().replica_id_in_sync_group + 1)\n"
+        "    nd.breakpoint(replica=1)\n"
+        "    return here\n"
+        "current_cluster().strategy.run(step)\n"
+    )
+    session = Session(kernel, cell, scripted("p here", "c"))
+    print(session.text)
+    assert session.error is None, (session.error, session.text)
+    assert session.prompts == ["(Pdb replica 1) ", "(Pdb replica 1) "], session.prompts
+    assert "(Pdb replica 1) p here\n14\n" in session.text, session.text
+    assert "PerReplica:{0: 7, 1: 14}" in session.text, session.text
+
+
 def _shell_reply(kernel: Kernel, msg_id: str) -> dict:
     return kernel.reply(msg_id, timeout=30)["content"]
 
@@ -274,16 +292,17 @@ ENGINE_ONLY = (
 
 
 def test_tab_and_shift_tab_answer_from_replica_0s_namespace_within_the_timeout(kernel):
-    text, error = kernel.run(ENGINE_ONLY)
+    _text, error = kernel.run(ENGINE_ONLY)
     assert error is None, error
     client = kernel.client
     cell = "%%distribute\nx = engine_only_w"
     matches = _shell_reply(kernel, client.complete(cell, len(cell)))["matches"]
     assert "engine_only_weights" in matches, matches
     plain = "x = engine_only_w"  # not a %%distribute cell: the notebook's own names only
-    assert "engine_only_weights" not in _shell_reply(kernel, client.complete(plain, len(plain)))[
-        "matches"
-    ]
+    assert (
+        "engine_only_weights"
+        not in _shell_reply(kernel, client.complete(plain, len(plain)))["matches"]
+    )
     cell = "%%distribute\nengine_only_weights.resh"
     matches = _shell_reply(kernel, client.complete(cell, len(cell)))["matches"]
     assert "engine_only_weights.reshape" in matches, matches
@@ -323,5 +342,5 @@ def test_a_replica_that_dies_at_the_prompt_is_named_and_the_cell_ends(kernel):
     text, error = kernel.run("%dist restart")
     assert error is None, error
     kernel.pids_by_rank = _pids_by_rank(kernel)
-    text, error = kernel.run(RIGHT_SUM)
+    _text, error = kernel.run(RIGHT_SUM)
     assert error is None, error
