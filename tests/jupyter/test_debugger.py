@@ -339,7 +339,7 @@ def test_a_replica_that_dies_at_the_prompt_is_named_and_the_cell_ends(kernel):
     assert "Replica 1 left the debugger" in session.text, session.text
     assert session.error is not None, session.text
     assert "died" in session.error["evalue"] and "replica" in session.error["evalue"].lower()
-    text, error = kernel.run("%dist restart")
+    _text, error = kernel.run("%dist restart")
     assert error is None, error
     kernel.pids_by_rank = _pids_by_rank(kernel)
     _text, error = kernel.run(RIGHT_SUM)
