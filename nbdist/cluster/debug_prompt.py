@@ -74,7 +74,7 @@ class _Session:
         self.where = ""
         self._buffer = b""
 
-    def pump(self, timeout: float, write: Callable[[str], None]) -> None:
+    def pump(self, timeout: float, write: Callable[[int, str], None]) -> None:
         """Read what arrived (waiting up to `timeout` for something), acting on each message."""
         if self.state in ("done", "gone"):
             return
@@ -94,10 +94,10 @@ class _Session:
             with contextlib.suppress(ValueError):
                 self._handle(json.loads(line), write)
 
-    def _handle(self, message: dict[str, Any], write: Callable[[str], None]) -> None:
+    def _handle(self, message: dict[str, Any], write: Callable[[int, str], None]) -> None:
         if "out" in message:
-            text = str(message["out"])
-            write(text)
+            text = rename_pdb(str(message["out"]))
+            write(self.replica, text)
             for line in text.splitlines():
                 if line.startswith("> "):
                     self.where = line[2:].strip()
@@ -148,6 +148,7 @@ class DebugConsole:
         self.no_stdin = False
         self._lock = threading.Lock()
         self._seen: set[tuple[int, int]] = set()
+        self._line_start: dict[int, bool] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="nbdist-debug", daemon=True)
         self._thread.start()
@@ -244,6 +245,21 @@ class DebugConsole:
                 session.send({"leave": True})
             session.close()
 
+    def _show(self, replica: int, text: str) -> None:
+        """Print what replica `replica`'s pdb printed; each line named `[replica N]` when it
+        is not the replica at the prompt and others are stopped too."""
+        if replica != self.current and len(self.sessions) > 1:
+            out = []
+            for line in text.splitlines(keepends=True):
+                out.append(
+                    f"[replica {replica}] {line}" if self._line_start.get(replica, True) else line
+                )
+                self._line_start[replica] = line.endswith("\n")
+            text = "".join(out)
+        elif text:
+            self._line_start[replica] = text.endswith("\n")
+        print(text, end="", flush=True)
+
     def _asking(self) -> list[int]:
         with self._lock:
             return sorted(r for r, s in self.sessions.items() if s.state == "asking")
@@ -254,7 +270,7 @@ class DebugConsole:
         began = time.monotonic()
         for session in sessions:
             left = timeout - (time.monotonic() - began)
-            session.pump(left if session.replica == self.current else 0.0, _write)
+            session.pump(left if session.replica == self.current else 0.0, self._show)
             if session.state == "gone":
                 self._gone(session)
 
@@ -277,6 +293,9 @@ class DebugConsole:
             if not asking:
                 return
             if self.current not in asking:
+                if self.current is None and len(asking) > 1:
+                    print(f"[nbdist] Replicas {', '.join(map(str, asking))} are stopped; "
+                          "`replica N` goes to replica N's prompt.")  # fmt: skip
                 if self.current in self.sessions:
                     print(f"[nbdist] Replica {self.current} runs on; replica {asking[0]} stopped.")
                 self.current = asking[0]
@@ -323,6 +342,9 @@ class DebugConsole:
         asking = self._asking()
         if word.isdigit() and int(word) in asking:
             self.current = int(word)
+            where = self.sessions[self.current].where
+            if where:
+                print(f"> {where}")
             return
         print(
             f"Replica {word} is not stopped in the debugger; stopped: "
@@ -334,7 +356,7 @@ class DebugConsole:
         what it sends; then back to the prompt loop, which goes on with whoever asks."""
         deadline = time.monotonic() + _SWITCH_AFTER_S
         while session.state == "running" and time.monotonic() < deadline:
-            session.pump(min(0.1, deadline - time.monotonic()), _write)
+            session.pump(min(0.1, deadline - time.monotonic()), self._show)
             if session.state == "running" and session.replica in self._finished():
                 session.state = "gone"
         if session.state == "gone":
@@ -356,10 +378,6 @@ class DebugConsole:
         if session.kind == "python-more":
             return f"(replica {session.replica}{others}) ... "
         return f"(Pdb replica {session.replica}{others}) "
-
-
-def _write(text: str) -> None:
-    print(rename_pdb(text), end="", flush=True)
 
 
 def _succeeded(part: Any) -> bool:

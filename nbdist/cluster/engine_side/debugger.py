@@ -273,8 +273,8 @@ class NotebookPdb(pdb.Pdb):
         Start an interactive interpreter in the current frame's namespace; `exit()` (or
         `quit()`) returns to the debugger."""
         namespace = {**self.curframe.f_globals, **self.curframe_locals}
-        console = code.InteractiveConsole(namespace)
         out = _Out(self.channel)
+        console = _Console(namespace, out)
         self.message("*interactive* (exit() returns to the debugger)")
         more = False
         while not self.channel.closed:
@@ -285,6 +285,33 @@ class NotebookPdb(pdb.Pdb):
                 more = console.push(line)
 
     complete_interact = pdb.Pdb.completenames
+
+
+class _Console(code.InteractiveConsole):
+    """`interact`'s interpreter: errors are printed to the notebook as plain tracebacks (not
+    through the engine's `sys.excepthook`)."""
+
+    def __init__(self, namespace: dict[str, Any], out: _Out):
+        super().__init__(namespace)
+        self._out = out
+
+    def write(self, data: str) -> None:
+        self._out.write(data)
+
+    def showtraceback(self) -> None:
+        import traceback
+
+        kind, value, tb = sys.exc_info()
+        frames = traceback.extract_tb(tb)[1:]  # without code.py's own frame
+        lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+        lines += traceback.format_exception_only(kind, value)
+        self.write("".join(lines))
+
+    def showsyntaxerror(self, filename: str | None = None, **kwargs: Any) -> None:
+        import traceback
+
+        kind, value, _ = sys.exc_info()
+        self.write("".join(traceback.format_exception_only(kind, value)))
 
 
 def _attach(why: str) -> _Channel | None:
