@@ -131,7 +131,12 @@ class GroupLifecycle:
         self._sockets.after()
         self._owns_group = True
         self._world = dist.group.WORLD
-        self._watching = held.enabled() and self.backend == "gloo" and self._sockets.count > 0
+        self._watching = (  # the watch needs to abandon the group and to see its collectives
+            held.enabled()
+            and self.backend == "gloo"
+            and self._sockets.count > 0
+            and self._books.recorder.enabled
+        )
         if self._watching:  # Note [Held replicas]: the heartbeat enforces self.timeout
             long = timedelta(seconds=max(self.timeout, held.LONG_TIMEOUT_S))
             set_group_timeout(long, self._world)

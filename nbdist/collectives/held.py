@@ -18,8 +18,9 @@ timeout the user chose is enforced here instead, by each rank's heartbeat thread
   blocked call at once with that error.
 
 So the timeout is suspended while any replica is held and resumes, in full, when the last one
-leaves the debugger. Where a group's connections cannot be shut down (no `/proc`, no psutil)
-or the backend is NCCL, gloo/NCCL keep the timeout and nothing is suspended.
+leaves the debugger. Where a group's connections cannot be shut down (no `/proc`, no psutil),
+the collective recorder is off (`NBDIST_RECORDER_CAPACITY=0`) or the backend is NCCL, gloo or
+NCCL keep the timeout and nothing is suspended.
 
 Example:
     >>> with held():
