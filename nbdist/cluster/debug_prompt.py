@@ -24,7 +24,7 @@ says it died.
 Example (what `supervise` does)::
 
     console = DebugConsole(cluster, engines, parts)
-    ...
+    ...                         # (each time the waiting loop looks at the engines)
     spent = console.poll()      # blocks at the prompt while a replica is stopped
     console.close()
 """
@@ -150,8 +150,7 @@ class DebugConsole:
         self._seen: set[tuple[int, int]] = set()
         self._line_start: dict[int, bool] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="nbdist-debug", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # started by the first `poll`
         _consoles[id(cluster)] = self
 
     # -- attaching (a thread) ---------------------------------------------------------------
@@ -193,7 +192,13 @@ class DebugConsole:
     # -- the prompt (the notebook's main thread) ---------------------------------------------
     def poll(self) -> float:
         """Print what stopped replicas sent; while one asks, run the prompt. Returns the
-        seconds spent at the prompt (the call's deadline moves by as much)."""
+        seconds spent at the prompt (the call's deadline moves by as much).
+
+        The first call starts the thread that attaches to stopped replicas: `supervise` polls
+        only once a call has run for a moment, so quick calls never start one."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="nbdist-debug", daemon=True)
+            self._thread.start()
         self._pump(0.0)
         if not self._asking():
             return 0.0
@@ -228,7 +233,8 @@ class DebugConsole:
         """Stop watching; close every connection (the engines end their sessions with the
         call)."""
         self._stop.set()
-        self._thread.join(timeout=2.0)
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
         with self._lock:
             sessions, self.sessions = list(self.sessions.values()), {}
         for session in sessions:

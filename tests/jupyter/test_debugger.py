@@ -148,7 +148,7 @@ ONE_STOPS = (
 HOLD_S = COLLECTIVE_TIMEOUT_S + 3
 
 
-def test_breakpoint_on_replica_1_shows_its_values_and_the_cell_ends_as_without_it(kernel):
+def test_breakpoint_on_replica_1_held_past_the_collective_timeout_ends_as_without_it(kernel):
     without = Session(kernel, ONE_STOPS.replace("breakpoint()", "pass"), scripted())
     assert without.error is None and not without.prompts, without.text
     assert "PerReplica:{0: (10, 11, 32.0), 1: (20, 21, 32.0)}" in without.text, without.text
