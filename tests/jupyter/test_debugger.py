@@ -278,6 +278,36 @@ def test_nd_breakpoint_stops_only_the_replica_named_also_in_strategy_run(kernel)
     assert "PerReplica:{0: 7, 1: 14}" in session.text, session.text
 
 
+NO_PROMPT = """
+from nbdist.magics import current_cluster
+from nbdist.cluster import _wire
+from nbdist.cluster.engine_side import entry_points
+view = current_cluster().client[current_cluster().engines[1].id]
+def accept_within(seconds):
+    import nbdist.cluster.engine_side.debugger as debugger
+    debugger.ACCEPT_S = seconds
+def stops():
+    breakpoint()
+    return 42
+view.apply_sync(accept_within, 1.0)
+try:  # ipyparallel directly: no notebook debugger watches this request
+    result = view.apply_async(entry_points.call, _wire.encode(_wire.Call.of(stops, (), {})))
+    reply = result.get(timeout=60)
+finally:
+    view.apply_sync(accept_within, 30.0)
+print("REPLY", reply["ok"], _wire.loads(reply["value"]))
+print("STDERR", result.stderr)
+"""
+
+
+def test_a_breakpoint_no_notebook_attaches_to_says_so_and_goes_on(kernel):
+    text, error = kernel.run(NO_PROMPT)
+    assert error is None, (text, error)
+    assert "REPLY True 42" in text, text
+    assert "[nbdist] breakpoint() on replica 1: no notebook debugger attached within 1 s" in text
+    assert "the code goes on." in text, text
+
+
 def _shell_reply(kernel: Kernel, msg_id: str) -> dict:
     return kernel.reply(msg_id, timeout=30)["content"]
 
