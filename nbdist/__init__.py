@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
         VariableAggregation,
         VariableSynchronization,
     )
+    from nbdist.debug.breakpoints import breakpoint
     from nbdist.errors import (
         CheckpointError,
         CollectiveMismatchError,
@@ -89,6 +90,7 @@ _LAZY: dict[str, str] = {
     "cluster_resolver": "nbdist.cluster_resolver",  # a subpackage
     "datasets": "nbdist.app.datasets",  # a subpackage
     "debug": "nbdist.debug",  # a subpackage
+    "breakpoint": "nbdist.debug.breakpoints",
     "errors": "nbdist.errors",  # a subpackage
     "experimental": "nbdist.experimental",  # a subpackage
     "Cluster": "nbdist.cluster",
@@ -208,6 +210,7 @@ __all__ = [
     "VariableAggregation",
     "VariableSynchronization",
     "WorkerLostError",
+    "breakpoint",
     "checkpoint",
     "cluster_resolver",
     "compute_average_loss",

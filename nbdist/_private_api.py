@@ -39,6 +39,7 @@ __all__ = [
     "pytree",
     "queue_backward_callback",
     "replace_nanny_starter",
+    "set_group_timeout",
     "show_elapsed_and_rate",
     "skipped_by_dynamo_like",
     "stop_noting_engine",
@@ -83,6 +84,9 @@ PRIVATE_NAMES: dict[str, str] = {
     "torch.distributed.ProcessGroupGloo._Options": "a gloo group made directly (the "
     "parameter-server pair, outside init_process_group) with its own timeout and the loopback "
     "device: ProcessGroupGloo's constructor takes only these options (_timeout, _devices)",
+    "torch.distributed.distributed_c10d._set_pg_timeout": "lengthen the timeout of a formed "
+    "group (Note [Held replicas]: the engines enforce the collective timeout themselves, so "
+    "it can pause in the debugger); init_process_group's timeout is the only public setting",
     "tqdm._time and tqdm._ema_dt": "show another process's elapsed time and rate on a bar "
     "(an engine's progress drawn in the notebook); tqdm has no public setter for either",
     "torch._dynamo.eval_frame.skip_code and the _torchdynamo_disable* attributes": "make a "
@@ -108,6 +112,14 @@ def gloo_options(timeout: datetime.timedelta, loopback: bool) -> Any:
     else:
         options._devices = [gloo.create_default_device()]  # noqa: SLF001
     return options
+
+
+def set_group_timeout(timeout: datetime.timedelta, group: Any) -> None:
+    """`torch.distributed.distributed_c10d._set_pg_timeout`: the timeout of collectives
+    started from now on in the formed `group`."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(timeout, group)
 
 
 def show_elapsed_and_rate(bar: Any, elapsed: float) -> None:

@@ -22,7 +22,7 @@ import re
 import sys
 from collections.abc import Callable
 
-__all__ = ["numbered_like_the_editor", "remember", "rename"]
+__all__ = ["numbered_like_the_editor", "remember", "rename", "rename_pdb"]
 
 _LIMIT = 1000  # cells remembered (the oldest is forgotten first)
 _names: dict[str, int] = {}
@@ -72,6 +72,29 @@ def remember(filename: str, count: int | None) -> None:
     _names[filename] = count
     while len(_names) > _LIMIT:
         del _names[next(iter(_names))]
+
+
+_PDB_FILE = re.compile(r"(?m)^([> ] )(\S.*?)\((\d+)\)")
+
+
+def rename_pdb(text: str) -> str:
+    """`text` (pdb's output on an engine) with every notebook cell's file named as the editor
+    names the cell: `> <distribute-cell-1>(6)<module>()` becomes `> Cell In[6](6)<module>()`
+    (also a function defined in a notebook cell, named by the kernel's file for it).
+
+    Example:
+        >>> remember("<distribute-cell-2>", 7)
+        >>> rename_pdb("> <distribute-cell-2>(3)<module>()")
+        '> Cell In[7](3)<module>()'
+    """
+    kernel = _kernel_label()
+
+    def name(match: re.Match[str]) -> str:
+        lead, filename, line = match.groups()
+        label = f"Cell In[{_names[filename]}]" if filename in _names else kernel(filename)
+        return match.group(0) if label is None else f"{lead}{label}({line})"
+
+    return _PDB_FILE.sub(name, text)
 
 
 def rename(text: str) -> str:

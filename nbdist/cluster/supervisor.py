@@ -66,6 +66,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbdist.cluster import _wire
+from nbdist.cluster.debug_prompt import DebugConsole
 from nbdist.cluster.engine_side.health import release_peers
 from nbdist.cluster.errors import (
     ClusterInterrupted,
@@ -217,6 +218,7 @@ def supervise(
     printer.start(engines, parts)
     if deadline is None and timeout is not None:
         deadline = time.monotonic() + timeout
+    console = DebugConsole(cluster, engines, parts)  # breakpoint() on the engines
     try:
         while True:
             step = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
@@ -224,6 +226,9 @@ def supervise(
                 break
             with interrupts_deferred():  # never inside ipykernel's flush: raised right after
                 printer.poll()
+            spent = console.poll()  # the prompt, while a replica is stopped in the debugger
+            if deadline is not None:
+                deadline += spent  # the time at the prompt does not count
             if deadline is not None and time.monotonic() >= deadline:
                 pending, detail = supervisor.stop_after_timeout(timeout, call.fix)
                 printer.finish()
@@ -233,9 +238,12 @@ def supervise(
                     pending=tuple(pending),
                 )
     except KeyboardInterrupt:
+        console.close()
         error = supervisor.interrupted(call.fix)
         printer.finish()
         raise error from None
+    finally:
+        console.close()
     printer.finish()
     replies = checked_replies(
         cluster, engines, parts, supervisor, call.what, fix=call.fix, hints=call.hints

@@ -31,17 +31,49 @@ import os
 import socket
 from datetime import timedelta
 
-__all__ = ["ABORT_KEY", "GroupSockets", "decode_abort", "encode_abort", "request_abort"]
+__all__ = [
+    "ABORT_KEY",
+    "GroupSockets",
+    "abort_kind",
+    "decode_abort",
+    "encode_abort",
+    "request_abort",
+]
 
 ABORT_KEY = "abort"
 """The key (under a group's prefix) whose presence abandons the group."""
 
 
-def encode_abort(reason: str, *, missing: list[int] | tuple[int, ...] = (), secondary=False) -> str:
-    """The abort key's value: why, which ranks never arrived, and whether it follows a failure."""
-    return json.dumps(
-        {"reason": reason[:1000], "missing": [int(r) for r in missing], "secondary": secondary}
-    )
+def encode_abort(
+    reason: str,
+    *,
+    missing: list[int] | tuple[int, ...] = (),
+    secondary: bool = False,
+    kind: str | None = None,
+) -> str:
+    """The abort key's value: why, which ranks never arrived, whether it follows a failure,
+    and the error class a blocked collective raises (`kind`: a collective timeout enforced by
+    `held.TimeoutWatch`; None: `WorkerLostError` naming the reason)."""
+    data = {"reason": reason[:1000], "missing": [int(r) for r in missing], "secondary": secondary}
+    if kind is not None:
+        data["kind"] = kind
+    return json.dumps(data)
+
+
+def abort_kind(value: str | bytes) -> str | None:
+    """The error class named by `encode_abort(kind=...)` in the abort key's value, or None.
+
+    Example:
+        >>> abort_kind(encode_abort("late", kind="CollectiveTimeoutError"))
+        'CollectiveTimeoutError'
+    """
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    try:
+        kind = json.loads(value).get("kind")
+    except (ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
 
 
 def decode_abort(value: str | bytes) -> tuple[str, tuple[int, ...], bool]:

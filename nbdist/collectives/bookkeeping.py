@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 from nbdist.collectives.recorder import CollectiveRecorder, call_site
-from nbdist.errors import WorkerLostError
+from nbdist.errors import CollectiveTimeoutError, WorkerLostError
 from nbdist.telemetry.records import Telemetry
 
 __all__ = ["Bookkeeping", "shape_of"]
@@ -43,6 +43,9 @@ class Bookkeeping:
         diagnose_lost: Names the ranks missing from a failed collective
             (`Liveness.diagnose`).
         forget_layouts: Called when a collective fails (its agreed layouts no longer hold).
+        abandon_kind: The error class an abandoned group's blocked collective raises
+            (`"CollectiveTimeoutError"` after a timeout enforced by `held.TimeoutWatch`), or
+            None (`WorkerLostError`).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class Bookkeeping:
         abandoned: Callable[[], tuple[str, tuple[int, ...], bool] | None],
         diagnose_lost: Callable[[str, BaseException], Exception],
         forget_layouts: Callable[[], None],
+        abandon_kind: Callable[[], str | None] = lambda: None,
     ):
         self.rank = rank
         self.world_size = world_size
@@ -70,6 +74,7 @@ class Bookkeeping:
         self._abandoned = abandoned
         self._diagnose_lost = diagnose_lost
         self._forget_layouts = forget_layouts
+        self._abandon_kind = abandon_kind
 
     def reset(self, generation: str) -> None:
         """A new group generation: numbers from 1 again, nothing broken, no entries."""
@@ -172,6 +177,13 @@ class Bookkeeping:
         abandoned = self._abandoned()
         if abandoned is not None:
             reason, missing, _ = abandoned
+            kind = self._abandon_kind()
+            if kind in ("CollectiveTimeoutError", "WorkerLostError"):  # Note [Held replicas]
+                self.broken = reason
+                self.dump_recorder()
+                if kind == "CollectiveTimeoutError":
+                    return CollectiveTimeoutError(reason, missing=missing)
+                return WorkerLostError(reason, missing=missing)
             return WorkerLostError(
                 f"{what} on rank {self.rank} of {self.world_size} was abandoned: {reason}.",
                 missing=missing,

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nbdist.collectives import agreed
-from nbdist.collectives.abort import ABORT_KEY, GroupSockets, decode_abort, encode_abort
+from nbdist._private_api import set_group_timeout
+from nbdist.collectives import agreed, held
+from nbdist.collectives.abort import ABORT_KEY, GroupSockets, abort_kind, decode_abort, encode_abort
 from nbdist.collectives.bookkeeping import Bookkeeping
 from nbdist.collectives.direct import Prepared
 from nbdist.collectives.gpu_sharing import UNKNOWN as UNKNOWN_GPU
@@ -71,6 +72,7 @@ class GroupLifecycle:
             abandoned=lambda: self.abandoned,
             diagnose_lost=lambda what, error: self._liveness.diagnose(what, error),
             forget_layouts=self._layouts.forget,
+            abandon_kind=lambda: self._abort_kind,
         )
         # The default group, read once per group formed (`dist.group.WORLD` is a property over
         # a lookup, two Python calls per collective: Note [Calls per collective]); None once
@@ -81,6 +83,8 @@ class GroupLifecycle:
         self._buffer_bytes = 0  # of the prepared layouts' gather buffers (Note [Gather buffers])
         self._on_cpu = device.type == "cpu"
         self._aborted: tuple[str, tuple[int, ...], bool] | None = None
+        self._abort_kind: str | None = None  # the error a timeout's abandon raises
+        self._watching = False  # Note [Held replicas]: the timeout is enforced by the heartbeat
         self._owns_group = False
         self._stop = threading.Event()
         self._master = (master_addr, master_port)
@@ -127,6 +131,15 @@ class GroupLifecycle:
         self._sockets.after()
         self._owns_group = True
         self._world = dist.group.WORLD
+        self._watching = (  # the watch needs to abandon the group and to see its collectives
+            held.enabled()
+            and self.backend == "gloo"
+            and self._sockets.count > 0
+            and self._books.recorder.enabled
+        )
+        if self._watching:  # Note [Held replicas]: the heartbeat enforces self.timeout
+            long = timedelta(seconds=max(self.timeout, held.LONG_TIMEOUT_S))
+            set_group_timeout(long, self._world)
 
     def _start_liveness(self, store: Any) -> Liveness:
         liveness = Liveness(
@@ -136,9 +149,26 @@ class GroupLifecycle:
             self.world_size,
             entered=lambda: self._books.entered,
             on_abort=self._abandon,
+            watch=held.TimeoutWatch(self.timeout, self._current_collective, self._time_out)
+            if self._watching
+            else None,
         )
         liveness.start()
         return liveness
+
+    def _current_collective(self) -> tuple[str, float] | None:
+        """`(what, start)` of the collective in progress on this rank, or None."""
+        found = self._books.recorder.current()
+        if found is None or found["end"] is not None:
+            return None
+        return str(found["op"]), float(found["start"])
+
+    def _time_out(self, error: Exception) -> None:
+        """The collective outlived the timeout (Note [Held replicas]): abandon the group on
+        every rank, so that the blocked call raises `error`'s class with its message."""
+        self.request_abort(
+            str(error), missing=getattr(error, "missing", ()), kind=type(error).__name__
+        )
 
     @property
     def prefix(self) -> str:
@@ -186,10 +216,13 @@ class GroupLifecycle:
         """The last collectives of this process (`nbdist.collectives.recorder`)."""
         return self._books.recorder
 
-    def request_abort(self, reason: str, *, missing=(), secondary: bool = False) -> None:
+    def request_abort(
+        self, reason: str, *, missing=(), secondary: bool = False, kind: str | None = None
+    ) -> None:
         """Abandon the group on every rank: each shuts its connections down within a
-        heartbeat, failing the collectives blocked on them with an error naming `reason`."""
-        value = encode_abort(reason, missing=missing, secondary=secondary)
+        heartbeat, failing the collectives blocked on them with an error naming `reason`
+        (of class `kind`, e.g. `"CollectiveTimeoutError"`; default `WorkerLostError`)."""
+        value = encode_abort(reason, missing=missing, secondary=secondary, kind=kind)
         with contextlib.suppress(Exception):
             self._liveness.store.set(f"{self._prefix}/{ABORT_KEY}", value)
         self._abandon(value)
@@ -197,6 +230,7 @@ class GroupLifecycle:
     def _abandon(self, value: str) -> None:
         if self._aborted is None:
             self._aborted = decode_abort(value)
+            self._abort_kind = abort_kind(value)
             self._books.broken = self._aborted[0]
         if self.backend == "gloo":
             self._sockets.shutdown()
@@ -235,6 +269,7 @@ class GroupLifecycle:
         self._books.reset(self._prefix)
         self._layouts.forget()
         self._aborted = None
+        self._abort_kind = None
         self._meet(self.timeout)
         self._init_group()
         self._liveness = self._start_liveness(self._liveness.store)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbdist._private_api import c10d_file, thread_frames
+from nbdist.collectives import held
 from nbdist.errors import CollectiveTimeoutError, WorkerLostError
 
 __all__ = ["C10D_FILE", "HEARTBEAT_SECONDS", "Liveness"]
@@ -61,6 +62,7 @@ class Liveness:
         world_size: int,
         entered: Callable[[], int],
         on_abort: Callable[[str], None] | None = None,
+        watch: Any = None,
     ):
         self.store = store
         self.prefix = prefix
@@ -68,6 +70,9 @@ class Liveness:
         self.world_size = world_size
         self._entered = entered
         self._on_abort = on_abort
+        self._watch = watch
+        """A `held.TimeoutWatch` enforcing the collective timeout (Note [Held replicas]), or
+        None (gloo's own timeout applies)."""
         self.aborted: str | None = None
         """The abort key's value once seen (Note [Waking a blocked collective])."""
         self._stop = threading.Event()
@@ -162,7 +167,8 @@ class Liveness:
         return WorkerLostError(message, missing=missing)
 
     def heartbeats(self) -> dict[int, str | None]:
-        """The other ranks' latest heartbeats (`"TIME ENTERED RAW"`), None where missing."""
+        """The other ranks' latest heartbeats (`"TIME ENTERED RAW HOLD"`; HOLD: Note [Held
+        replicas] in `nbdist.collectives.held`), None where missing."""
         return {
             r: self.read(f"{self.prefix}hb/{r}") for r in range(self.world_size) if r != self.rank
         }
@@ -170,7 +176,12 @@ class Liveness:
     # -- internals ------------------------------------------------------------------------
     def _beat_once(self) -> None:
         raw = int(_in_raw_collective(threading.main_thread().ident))
-        self.store.set(f"{self.prefix}hb/{self.rank}", f"{time.time():.3f} {self._entered()} {raw}")
+        self.store.set(
+            f"{self.prefix}hb/{self.rank}",
+            f"{time.time():.3f} {self._entered()} {raw} {held.hold_field()}",
+        )
+        if self._watch is not None and self.aborted is None:
+            self._watch.check(self, bool(raw))
         if self.aborted is None and self._on_abort is not None:
             from nbdist.collectives.abort import ABORT_KEY
 

@@ -22,6 +22,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from nbdist.cluster import cell_names
+from nbdist.cluster.debug_prompt import debug_notes
 from nbdist.cluster.stacks import ask_engines
 from nbdist.debug import compare_collectives, format_stacks
 
@@ -94,7 +95,8 @@ class StackWatch:
             return
         while not self._done.is_set():
             waited = self._longest_wait()
-            if waited is not None and waited >= self.after:
+            if waited is not None and waited >= self.after and not debug_notes(self.cluster):
+                # (not while a replica is stopped in the debugger: its peers wait on purpose)
                 with contextlib.suppress(Exception):  # the cluster stopped under us
                     self.view = stack_view(self.cluster)
                     print(

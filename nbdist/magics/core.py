@@ -171,7 +171,7 @@ _DIST_USAGE = (
     "[--ps N] [--variable-partitioner fixed:K|min_size:B|max_size:B|NAME] [--timeout S] "
     "[--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
     "%dist status | stop | restart | auto on|off | warm [on|off] | dashboard | traceback | "
-    "stack [--all] [--collectives]\n"
+    "stack [--all] [--collectives] | debug [N]\n"
     f"{_scale.SCALE_USAGE}\n"
     "%dist output all|first|none|tabs|auto"
 )
@@ -191,13 +191,14 @@ class DistMagics(Magics):
         tabs for more than 2 replicas."""
         self.last_result: Any = None
         self.board: Any = None  # the dashboard `%dist dashboard` opened last
+        self.last_error: Any = None  # the last RemoteError of a cell (`%dist debug`)
         _instances.add(self)
 
     # -- %dist --------------------------------------------------------------------------
     @line_magic
     def dist(self, line: str = "") -> None:
-        """Manage the engines: %dist start|status|stop|restart|scale|auto on|off|dashboard|
-        traceback|stack."""
+        """Manage the engines: %dist start|status|stop|restart|scale|warm|auto on|off|dashboard|
+        traceback|stack|debug."""
         words = _split(line, "%dist")
         if not words:
             raise UsageError(f"%dist needs a command:\n{_DIST_USAGE}")
@@ -214,6 +215,7 @@ class DistMagics(Magics):
             "output": self._output,
             "stack": lambda words: _stack.stack_command(self.cluster, words),
             "scale": lambda words: _scale.scale_command(self.cluster, words),
+            "debug": self._debug,
         }.get(command)
         if handler is None:
             raise UsageError(f"%dist: unknown command {command!r}. Use:\n{_DIST_USAGE}")
@@ -404,6 +406,12 @@ class DistMagics(Magics):
             return
         print(details)
 
+    def _debug(self, words: list[str]) -> None:
+        """`%dist debug [N]`: the debugger in replica N's last failure (`magics._debug`)."""
+        from nbdist.magics._debug import debug_command
+
+        debug_command(self.cluster, words, self.last_error)
+
     def _print_status(self) -> None:
         cluster = self.cluster
         if cluster is None:
@@ -433,6 +441,10 @@ class DistMagics(Magics):
         print(header)
         if table:
             print(table)
+        from nbdist.cluster.debug_prompt import debug_notes
+
+        for rank, note in sorted(debug_notes(cluster).items()):
+            print(f"Replica {rank} {note}.")
         for rank, note in sorted(cluster.busy_notes().items()):
             print(
                 f"Replica {rank} {note}; cells wait until it finishes (`%dist restart` to stop "
@@ -481,6 +493,7 @@ class DistMagics(Magics):
                     cluster, cell, targets=targets, output=output, timeout=args.timeout
                 )
             except RemoteError as error:
+                self.last_error = error  # for `%dist debug`
                 if watcher is not None and watcher.view is not None:
                     error.notes = (*error.notes, f"Stacks shown while it waited:\n{watcher.view}")
                 raise
@@ -563,11 +576,17 @@ def load(shell: Any) -> DistMagics:
             return magics
     magics = DistMagics(shell)
     shell.register_magics(magics)
+    from nbdist.magics import _complete
+
+    _complete.install(shell, magics)  # Tab and Shift+Tab from replica 0's namespace
     return magics
 
 
 def unload(shell: Any) -> None:
     """Stop the cluster started from `shell` and turn `%dist auto` off."""
+    from nbdist.magics import _complete
+
+    _complete.uninstall(shell)
     for magics in list(_instances):
         if magics.shell is shell:
             if _auto_transform in shell.input_transformers_cleanup:

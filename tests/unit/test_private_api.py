@@ -31,6 +31,7 @@ def test_every_listed_name_is_checked_here():
         "torch._C._dynamo.eval_frame.get_eval_frame_callback",
         "torch._dynamo.eval_frame.skip_code and the _torchdynamo_disable* attributes",
         "torch.distributed.ProcessGroupGloo._Options", "tqdm._time and tqdm._ema_dt",
+        "torch.distributed.distributed_c10d._set_pg_timeout",
     }  # fmt: skip
     assert set(private.PRIVATE_NAMES) == checked, "a private name was added without a check"
 
@@ -122,6 +123,24 @@ def test_gloo_options_make_a_direct_gloo_group_with_its_timeout():
     t = torch.ones(2)
     group.allreduce([t]).wait()
     assert t.tolist() == [1.0, 1.0], "a gloo group made from _Options no longer reduces"
+
+
+def test_set_group_timeout_changes_a_formed_gloo_groups_timeout():
+    import subprocess
+
+    script = (
+        "import datetime, torch, torch.distributed as dist\n"
+        "from nbdist import _private_api as private\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1,\n"
+        "                        timeout=datetime.timedelta(seconds=5))\n"
+        "private.set_group_timeout(datetime.timedelta(seconds=77), dist.group.WORLD)\n"
+        "print(dist.group.WORLD._get_backend(torch.device('cpu')).options._timeout)\n"
+        "dist.destroy_process_group()\n"
+    )  # a process of its own: init_process_group is once per process
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "0:01:17", "_set_pg_timeout no longer sets the gloo timeout"
 
 
 def test_show_elapsed_and_rate_sets_a_tqdm_bar_to_another_processes_progress():

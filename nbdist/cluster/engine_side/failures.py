@@ -33,6 +33,9 @@ def failure_reply(error: BaseException, stage: str) -> dict[str, Any]:
     """`_failure_reply`, plus what the notebook shows first (Note [The cause first] in
     `nbdist.cluster.errors`): `short`, the user's frames of the traceback, and for a
     replica released because a peer failed, `collective`, the call it was released from."""
+    from nbdist.cluster.engine_side.debugger import remember_failure
+
+    remember_failure(error)  # for `%dist debug`
     reply = _failure_reply(error, stage)
     reply["short"] = user_traceback(error)
     if reply.get("secondary"):

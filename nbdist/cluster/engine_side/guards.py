@@ -141,7 +141,13 @@ def watched_call() -> Iterator[None]:
         if main:
             previous = signal.signal(signal.SIGINT, _on_sigint)
     try:
-        yield
+        if outermost:  # breakpoint() opens the notebook's prompt (engine_side.debugger)
+            from nbdist.cluster.engine_side.debugger import breakpoints
+
+            with breakpoints():
+                yield
+        else:
+            yield
     finally:
         _call["depth"] -= 1
         if outermost:

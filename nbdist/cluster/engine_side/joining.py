@@ -81,8 +81,10 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(threads)
     import nbdist as nd
     from nbdist.cluster_resolver import TorchrunClusterResolver
+    from nbdist.collectives import held
     from nbdist.core.reduce.options import CommunicationImplementation, CommunicationOptions
 
+    held.enable()  # Note [Held replicas]: the debugger suspends the collective timeout
     options = CommunicationOptions(
         implementation=CommunicationImplementation.from_value(config["implementation"]),
         timeout_seconds=config.get("timeout_seconds"),

@@ -36,7 +36,7 @@ from nbdist.cluster.engine_side import state
 __all__ = ["current_stacks", "recorder_entries", "start_stack_server"]
 
 _server: dict[str, Any] = {"address": None}
-_REQUEST_BYTES = 256
+_REQUEST_BYTES = 64 * 1024  # a completion request carries the token
 
 
 def current_stacks() -> dict[str, Any]:
@@ -118,6 +118,12 @@ def _answer(connection: socket.socket, token: str) -> None:
         return  # not ours: say nothing
     if what == "collectives":
         reply = recorder_entries()
+    elif what.startswith(("complete ", "inspect ")):  # Tab and Shift+Tab (`completion`)
+        from nbdist.cluster.engine_side import completion
+
+        kind, _, request = what.partition(" ")
+        answer = completion.complete if kind == "complete" else completion.inspect_name
+        reply = answer(json.loads(request))
     elif what == "collective":  # the watch under a running cell: one small answer a second
         group = state.group()
         current = group.recorder.current() if group is not None else None
