@@ -83,9 +83,11 @@ def run_ddp(epochs: int, folder: Path) -> dict:
          str(epochs)],
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
-    if done.returncode != 0:
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
+    # A result counts even when a rank then died in gloo's teardown ("terminate called without
+    # an active exception" in destroy_process_group, seen on a loaded machine): it was measured.
+    if line is None:
         raise RuntimeError(f"the DDP run failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
     return json.loads(line.split(" ", 1)[1])
 
 

@@ -126,6 +126,9 @@ class Batch:
             ValueError: a tensor leaf is 0-dimensional, or tensor leaves disagree on the leading
                 size (the message names every leaf and its size).
         """
+        fast = _plain_tensors(structure)
+        if fast is not None:
+            return fast
         flat, spec = pytree.tree_flatten_with_path(structure)
         leaves = tuple(_leaf(path, leaf, where) for path, leaf in flat)
         sizes = {}
@@ -157,6 +160,36 @@ class Batch:
     def whole(self) -> Any:
         """The structure with its numpy leaves converted."""
         return pytree.tree_unflatten(list(self.leaves), self.spec)
+
+
+def _plain_tensors(structure: Any) -> Batch | None:
+    """`Batch.of(structure)` when every leaf is a plain tensor with a batch dimension and all
+    share its size (the common `(x, y)` batch), else None (the full check, which names the
+    leaf at fault, takes over).
+
+    Note [Plain batches]: the full check flattens with key paths, only for its error messages,
+    and that is most of a step's input cost (~60 of ~100 us per step on a 2-core machine for
+    an `(x, y)` batch, the demo's). A batch with nothing to convert or report skips it: the
+    same leaves, spec and rows as the full check gives.
+
+    Example:
+        >>> _plain_tensors((torch.zeros(4, 2), torch.zeros(4))).rows
+        4
+        >>> _plain_tensors((torch.zeros(4), 1)) is None  # a scalar leaf: the full check
+        True
+    """
+    leaves, spec = pytree.tree_flatten(structure)
+    rows = None
+    for leaf in leaves:
+        if type(leaf) is not torch.Tensor or leaf.dim() == 0:
+            return None
+        if rows is None:
+            rows = leaf.shape[0]
+        elif leaf.shape[0] != rows:
+            return None
+    if rows is None:
+        return None
+    return Batch(tuple(leaves), spec, rows)
 
 
 def empty_like(batch: Batch) -> Any:

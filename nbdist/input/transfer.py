@@ -101,6 +101,13 @@ class DeviceTransfer:
 
 
 def _move(part: Any, device: torch.device, *, non_blocking: bool) -> Any:
+    # An `(x, y)` batch already on the CPU: `.to` would return every tensor itself.
+    if (
+        device.type == "cpu"
+        and type(part) in (tuple, list)
+        and all(type(t) is torch.Tensor and t.is_cpu for t in part)
+    ):
+        return part
     return pytree.tree_map_only(
         torch.Tensor, lambda t: t.to(device, non_blocking=non_blocking), part
     )

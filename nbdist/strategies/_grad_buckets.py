@@ -16,6 +16,16 @@ measurement, and a second collective costs its fixed latency: CPU parameters go 
 `bytes_per_pack` from the first one. A bucket closes once it holds its size or more, as DDP's.
 Measured on 2 and 16 cores: benchmarks/results/recorded/cpu-buckets.json. A smaller
 `CommunicationOptions(bytes_per_pack=...)` still splits them.
+
+Note [Not DDP's reducer]: these Python buckets, not `DistributedDataParallel`'s C++ reducer
+with a comm hook. DDP's reducer averages a backward only after a forward through the DDP
+wrapper (its forward arms the reducer, `prepare_for_backward`); nbdist averages every
+backward through the parameters made in scope (Note [Backward outside run] in
+`nbdist.strategies.multi_worker`: modules called directly, several models, `sync_gradients`,
+compression). And keeping the telemetry and the collective recorder on DDP's path needs a
+Python comm hook per bucket, which costs what these hooks cost: measured on the demo's CNN,
+benchmarks/results/recorded/not-ddps-reducer.json (docs/architecture.md, "The data path of a
+gradient").
 """
 
 from __future__ import annotations
