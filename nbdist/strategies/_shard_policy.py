@@ -29,7 +29,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Union
 
 import torch
 
@@ -37,7 +36,7 @@ from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["ShardPolicy", "check_policy", "choose_units"]
 
-ShardPolicy = Union[str, Callable[[torch.nn.Module], bool]]
+ShardPolicy = str | Callable[[torch.nn.Module], bool]
 """`"auto"` or a callable `module -> bool` (see the module docstring)."""
 
 

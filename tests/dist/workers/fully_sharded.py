@@ -178,6 +178,7 @@ if __name__ == "__main__":
         )
         mixed_model, _, out["mixed_losses"] = train(mixed, 5, rank, world)
         out["mixed_param_dtype"] = str(mixed_model[0].lin.weight.dtype)
+        out["mixed_grad_dtype"] = str(mixed_model[0].lin.weight.grad.dtype)
         out["mixed_output_dtype"] = str(mixed_model(torch.ones(1, WIDTH)).dtype)
 
         # torch.compile of a sharded model
