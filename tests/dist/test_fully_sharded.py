@@ -72,6 +72,8 @@ def test_bytes_per_worker_are_one_nth_of_the_mirrored(outs):
         assert local["parameters"] + local["gradients"] + local["optimizer"] == (
             out["sharded_bytes"]
         )
+        # the dashboard's placement view: this replica's shard bytes
+        assert out["holdings"] == [["parameter shards", local["parameters"]]]
 
 
 def test_units_and_recorded_collectives(outs):

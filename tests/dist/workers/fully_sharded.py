@@ -98,6 +98,9 @@ if __name__ == "__main__":
     out["sharded_bytes"] = held_bytes(model, optimizer)
     out["local_bytes"] = strategy.local_bytes(model, optimizer)
     out["units"] = [type(m).__name__ for m in strategy.units]
+    from nbdist.telemetry.holdings import holdings
+
+    out["holdings"] = [(r["kind"], r["bytes"]) for r in holdings({"model": model})]
     out["optimizer_on_shards"] = all(
         hasattr(p, "to_local") for g in optimizer.param_groups for p in g["params"]
     )
