@@ -26,6 +26,11 @@ import torch.distributed as dist
 
 __all__ = ["FsdpAllGather", "FsdpReduceScatter", "ShardedCollectives"]
 
+# torch 2.13 names them `*_single` (the `*_tensor` names warn that they are deprecated);
+# earlier releases have only the `*_tensor` names.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 class ShardedCollectives:
     """The sharded collectives part of `DistGroup` (see the module docstring); not used alone."""
@@ -39,9 +44,7 @@ class ShardedCollectives:
         start = time.perf_counter()
         self._books.run(
             "all_gather:shards",
-            lambda async_op: dist.all_gather_into_tensor(
-                output, shard, group=group, async_op=async_op
-            ),
+            lambda async_op: _ALL_GATHER(output, shard, group=group, async_op=async_op),
             None,
             self.timeout,
             (tuple(shard.shape), shard.dtype, nbytes),
@@ -57,9 +60,7 @@ class ShardedCollectives:
         start = time.perf_counter()
         self._books.run(
             what,
-            lambda async_op: dist.reduce_scatter_tensor(
-                output, full, op=op, group=group, async_op=async_op
-            ),
+            lambda async_op: _REDUCE_SCATTER(output, full, op=op, group=group, async_op=async_op),
             None,
             self.timeout,
             (tuple(full.shape), full.dtype, nbytes),

@@ -7,7 +7,8 @@ so that every parameter is sharded; the policy chooses the units inside it:
 - `"auto"`: bottom-up, the smallest subtrees that hold at least `min_shard_bytes` of parameters
   not already in a unit below them (FSDP1's size-based wrap policy, counted in bytes as TF's
   `MinSizePartitioner` counts them). A model of blocks gets one unit per block once each
-  block reaches the threshold.
+  block reaches the threshold; when no subtree reaches it, the root's children that hold
+  parameters (its blocks) become the units, so a small model is still gathered block by block.
 - a callable `module -> bool`: the modules it returns True for (the root is asked too, and is
   a unit anyway).
 
@@ -23,6 +24,8 @@ Example:
     >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
     ...                             torch.nn.Linear(64, 64))
     >>> [type(m).__name__ for m in choose_units(model, "auto", min_shard_bytes=1024)]
+    ['Linear', 'Linear', 'Sequential']
+    >>> [type(m).__name__ for m in choose_units(model, "auto", min_shard_bytes=1 << 20)]
     ['Linear', 'Linear', 'Sequential']
 """
 
@@ -96,8 +99,27 @@ def choose_units(
             )
         units.append(module)
         in_unit.update(id(p) for p in module.parameters())
+    if shard == "auto" and not units:  # nothing reached the size: the root's blocks
+        units = [child for child in _distinct_children(root)
+                 if _uses(child) and not _is_tied(child, total)]  # fmt: skip
+        if len(units) < 2:
+            units = []
     units.append(root)
     return units
+
+
+def _distinct_children(root: torch.nn.Module) -> list[torch.nn.Module]:
+    seen: set[int] = set()
+    out = []
+    for child in root.children():
+        if id(child) not in seen:
+            seen.add(id(child))
+            out.append(child)
+    return out
+
+
+def _is_tied(module: torch.nn.Module, total: dict) -> bool:
+    return any(n != total[id(p)][1] for p, n in _uses(module).values())
 
 
 def _post_order(root: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:

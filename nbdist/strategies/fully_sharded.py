@@ -185,7 +185,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         from nbdist.collectives.sharded import FsdpAllGather, FsdpReduceScatter
 
         units = choose_units(root, self._shard, min_shard_bytes=self._min_shard_bytes)
-        if len(units) == 1 and _has_nested_parameters(root):
+        if len(units) == 1 and self._shard != "auto" and _has_nested_parameters(root):
             warnings.warn(
                 f"The shard policy chose no module inside {type(root).__name__}: the whole "
                 "model is one unit, gathered whole for every forward and backward, so its "
@@ -195,7 +195,10 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 stacklevel=4,
             )
         before = list(root.named_parameters(remove_duplicate=False))
-        options: dict[str, Any] = {"mesh": self._device_mesh()}
+        # Resharded after every forward, the root too (FSDP2 keeps the root's parameters
+        # gathered after forward by default): else an evaluation forward, with no backward
+        # after it, would leave the root's parameters whole until the next backward.
+        options: dict[str, Any] = {"mesh": self._device_mesh(), "reshard_after_forward": True}
         if self._mixed_precision is not None:
             options["mp_policy"] = self._mixed_precision
         if self._offload is not None:

@@ -105,6 +105,17 @@ def test_a_module_made_outside_scope_is_named_in_run(two):
         assert out["outside_step"] == "NotShardedError"
 
 
+def test_parameters_are_shards_again_after_an_evaluation_forward(two):
+    for out in two:
+        assert out["sharded_after_eval"]
+
+
+def test_auto_falls_back_to_the_root_blocks_below_the_size(two):
+    for out in two:
+        # the root, its four blocks and the head: no subtree reaches 1 MiB
+        assert out["small_units"] == ["FSDPSequential"] + ["FSDPBlock"] * 4 + ["FSDPLinear"]
+
+
 def test_a_policy_that_chooses_nothing_warns_and_still_shards_the_root(two):
     for out in two:
         (message,) = out["nothing_warning"]

@@ -111,6 +111,14 @@ if __name__ == "__main__":
     out["recorded"] = sorted({e["op"] for e in strategy.process_group.recorder.entries()})
 
     if os.environ.get("EXTRA") == "1":
+        with torch.no_grad():  # an evaluation forward, no backward after it
+            model(torch.ones(2, WIDTH))
+        out["sharded_after_eval"] = all(hasattr(p, "to_local") for p in model.parameters())
+        torch.manual_seed(0)
+        with nd.experimental.FullyShardedStrategy().scope():  # 1 MiB: no subtree reaches it
+            small = make_model()
+        out["small_units"] = [type(m).__name__ for m in small.modules()
+                              if type(m).__name__.startswith("FSDP")]  # fmt: skip
         weight = model[0].lin.weight
         whole = strategy.gather(weight)
         out["reduce_sum_is_n_times"] = bool(
