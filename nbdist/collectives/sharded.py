@@ -37,6 +37,7 @@ class ShardedCollectives:
 
     _books: Any
     timeout: float
+    backend: str
 
     def all_gather_into(self, output: torch.Tensor, shard: torch.Tensor, group: Any) -> None:
         """Every rank's `shard`, concatenated in rank order, into the flat `output`."""
@@ -44,7 +45,9 @@ class ShardedCollectives:
         start = time.perf_counter()
         self._books.run(
             "all_gather:shards",
-            lambda async_op: _ALL_GATHER(output, shard, group=group, async_op=async_op),
+            lambda async_op: self._staged(
+                output, shard, lambda o, i: _ALL_GATHER(o, i, group=group, async_op=async_op)
+            ),
             None,
             self.timeout,
             (tuple(shard.shape), shard.dtype, nbytes),
@@ -60,12 +63,29 @@ class ShardedCollectives:
         start = time.perf_counter()
         self._books.run(
             what,
-            lambda async_op: _REDUCE_SCATTER(output, full, op=op, group=group, async_op=async_op),
+            lambda async_op: self._staged(
+                output,
+                full,
+                lambda o, i: _REDUCE_SCATTER(o, i, op=op, group=group, async_op=async_op),
+            ),
             None,
             self.timeout,
             (tuple(full.shape), full.dtype, nbytes),
         )
         self._books.record(what, nbytes, start)
+
+
+    def _staged(self, output: torch.Tensor, source: torch.Tensor, run: Any) -> Any:
+        """`run(output, source)`; with gloo and CUDA tensors (workers sharing one GPU, where
+        NCCL refuses) through host copies, since gloo's collectives work on host memory."""
+        if self.backend != "gloo" or output.device.type != "cuda":
+            return run(output, source)
+        host = torch.empty(output.shape, dtype=output.dtype)
+        work = run(host, source.cpu())
+        if work is not None:
+            work.wait()
+        output.copy_(host)
+        return None
 
 
 class _Allocating:
