@@ -12,13 +12,16 @@ examples per worker:
   collectives, stepped outside any strategy.
 
 Both are timed in blocks interleaved on both workers (`lockstep`); target: nbdist >= 0.95x
-FSDP2's steps/s.
+FSDP2's steps/s. For information, a third model: the hand-wrapped one with nbdist's recorded
+collectives (`nbdist.collectives.sharded`) in place of FSDP2's defaults, which separates what
+the collectives cost from what `strategy.run` costs.
 
 Memory (2 and 4 workers, one launch per strategy and worker count so that each process's peak
 is its own): a larger model of the same shape (8 blocks, `MEM_WIDTH`), 3 Adam steps, then per
 worker: the bytes of its parameters, gradients and Adam state measured from the tensors (local
 shards for the sharded strategy), and its peak resident memory above the baseline taken after
-the process group is up and before the model is built (`ru_maxrss`). Targets: the tensor bytes
+a warm-up step of a tiny model (its imports and buffers) and before the model is built
+(`ru_maxrss`). Targets: the tensor bytes
 per worker are 1/N of the mirrored strategy's (within 1 %). The peak resident memory is
 reported, not checked: a sharded model is built whole before the scope shards it (docs/
 sharding.md), so that peak holds one whole copy of the parameters (not of gradients and state).
@@ -106,6 +109,17 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
             strategy = nd.experimental.FullyShardedStrategy(min_shard_bytes=1 << 16)
         else:
             strategy = nd.MultiWorkerMirroredStrategy()
+        with strategy.scope():  # a warm-up: the imports and buffers of a first step, not measured
+            tiny = _model(16, 2)
+            tiny_optimizer = torch.optim.Adam(tiny.parameters(), lr=1e-4)
+
+        def tiny_step() -> None:
+            tiny_optimizer.zero_grad()
+            F.cross_entropy(tiny(torch.randn(4, 16)), torch.randint(0, 10, (4,))).backward()
+            tiny_optimizer.step()
+
+        strategy.run(tiny_step)
+        del tiny, tiny_optimizer
         strategy.process_group.barrier()
         baseline = _peak_rss()
         with strategy.scope():
@@ -131,15 +145,24 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
     with strategy.scope():
         model = _model(WIDTH, 4)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    torch.manual_seed(0)
-    anchor = _model(WIDTH, 4)
     from torch.distributed.device_mesh import init_device_mesh
 
+    from nbdist.collectives.sharded import FsdpAllGather, FsdpReduceScatter
+
     mesh = init_device_mesh("cpu", (strategy.num_replicas_in_sync,))
-    units = [block.lin for block in list(anchor)[:4]] + [anchor[4], anchor]
-    for unit in units:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
-    anchor_optimizer = torch.optim.Adam(anchor.parameters(), lr=1e-4)
+
+    def wrapped(recorded: bool) -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        anchor = _model(WIDTH, 4)
+        for unit in [block.lin for block in list(anchor)[:4]] + [anchor[4], anchor]:
+            fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+            if recorded:
+                unit.set_custom_all_gather(FsdpAllGather(strategy.process_group))
+                unit.set_custom_reduce_scatter(FsdpReduceScatter(strategy.process_group))
+        return anchor, torch.optim.Adam(anchor.parameters(), lr=1e-4)
+
+    anchor, anchor_optimizer = wrapped(False)
+    recorded, recorded_optimizer = wrapped(True)
     x, y = torch.randn(BATCH, WIDTH), torch.randint(0, 10, (BATCH,))
 
     def nbdist_step() -> None:
@@ -152,12 +175,18 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
         F.cross_entropy(anchor(x), y).backward()
         anchor_optimizer.step()
 
+    def recorded_step() -> None:
+        recorded_optimizer.zero_grad()
+        F.cross_entropy(recorded(x), y).backward()
+        recorded_optimizer.step()
+
     sys.path.insert(0, str(HERE))
     from bench_multi_worker_common import lockstep
 
     barrier = strategy.process_group.barrier
     samples = lockstep(
-        {"nbdist": lambda: strategy.run(nbdist_step), "FSDP2": fsdp2_step},
+        {"nbdist": lambda: strategy.run(nbdist_step), "FSDP2": fsdp2_step,
+         "FSDP2, nbdist's collectives": recorded_step},
         trials=params["trials"], inner=params["inner"], barrier=barrier,
     )  # fmt: skip
     strategy.shutdown()

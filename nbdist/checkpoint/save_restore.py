@@ -100,6 +100,7 @@ def save_objects(
     worker returns (a `CheckpointManager` records its state and deletes old files there), and
     its error is every worker's error."""
     workers = Workers.for_objects(objects)
+    sharded.point_at_shards(objects)
     if any(sharded.is_sharded_object(obj) for obj in objects.values()):
         workers.check_positions(_positions(objects), f"Saving checkpoint {where!r}")
         return sharded.save_sharded(  # Note [Sharded checkpoints]
@@ -179,6 +180,7 @@ def restore_objects(where: str, objects: dict[str, Any]) -> dict[str, Any]:
     """Restore `objects` from `where` on every worker; returns the file's header (its
     metadata, without the objects)."""
     workers = Workers.for_objects(objects)
+    sharded.point_at_shards(objects)
     if sharded.is_sharded_checkpoint(where):  # Note [Sharded checkpoints]
         return sharded.restore_sharded(where, objects, workers)
     error: BaseException | None = None

@@ -40,6 +40,7 @@ __all__ = [
     "apply_whole",
     "is_sharded_checkpoint",
     "is_sharded_object",
+    "point_at_shards",
     "restore_sharded",
     "save_sharded",
 ]
@@ -61,6 +62,18 @@ def _parameters(obj: Any) -> list[torch.Tensor]:
         repoint_optimizer(obj)
         return [p for group in obj.param_groups for p in group["params"]]
     return []
+
+
+def point_at_shards(objects: dict[str, Any]) -> None:
+    """Point every optimizer among `objects` at the shards of parameters it was given whole
+    (one created in the scope that sharded its model, not stepped yet), so that it is saved,
+    checked and restored as the sharded optimizer it is."""
+    if any(isinstance(o, torch.optim.Optimizer) for o in objects.values()):
+        from nbdist.strategies.fully_sharded import repoint_optimizer
+
+        for obj in objects.values():
+            if isinstance(obj, torch.optim.Optimizer):
+                repoint_optimizer(obj)
 
 
 def is_sharded_object(obj: Any) -> bool:

@@ -52,6 +52,10 @@ __all__ = ["DEFAULT_MIN_SHARD_BYTES", "FullyShardedStrategy", "is_sharded"]
 DEFAULT_MIN_SHARD_BYTES = 1 << 20
 """`min_shard_bytes` by default: a subtree becomes a unit from 1 MiB of parameters on."""
 
+BROADCAST_CHUNK_BYTES = 16 << 20
+"""The scope's broadcast of new parameters goes in pieces of about this size, so it never
+holds a flat copy of the whole model (the memory sharding is there to save)."""
+
 
 def is_sharded(tensor: Any) -> bool:
     """True for a parameter sharded by `FullyShardedStrategy` (a `DTensor`).
@@ -168,7 +172,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         with hooks, device_scope:
             yield
         # Reached on a normal exit only: a scope that raised leaves its modules whole.
-        self._group.broadcast_(fresh, src=0)
+        for chunk in _chunks(fresh, BROADCAST_CHUNK_BYTES):  # not one flat copy of the model
+            self._group.broadcast_(chunk, src=0)
         roots = [
             m for m in (ref() for ref in modules)
             if m is not None and id(m) not in children and _has_parameters(m)
@@ -213,6 +218,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             new = after.get(name)
             if new is not None and new is not old:
                 _remember_shard(old, new)
+                # The whole tensor is no longer the model's: free its memory now rather than
+                # when the optimizer given it is pointed at the shard (its first step).
+                old.data = torch.empty(0, dtype=old.dtype, device=old.device)
                 self._sharded_ids.add(id(new))
                 self._captured_ids.add(id(new))
                 self._names[id(new)] = self._names.get(id(old), name)
@@ -336,7 +344,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
 
 # -- the shards of the parameters an optimizer was given -----------------------------------
 _shards: dict[int, tuple[weakref.ref, weakref.ref]] = {}  # id(old) -> (old, its shard)
-_repointed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> #params
+# optimizer -> (its number of parameters, len(_shards)) when last pointed at the shards
+_repointed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _hook_lock = threading.Lock()
 _hook: list[Any] = []
 
@@ -365,8 +374,8 @@ def repoint_optimizer(optimizer: torch.optim.Optimizer) -> None:
     """
     if not _shards:
         return
-    count = sum(len(g["params"]) for g in optimizer.param_groups)
-    if _repointed.get(optimizer) == count:
+    key = (sum(len(g["params"]) for g in optimizer.param_groups), len(_shards))
+    if _repointed.get(optimizer) == key:
         return
     for group in optimizer.param_groups:
         params = group["params"]
@@ -375,7 +384,7 @@ def repoint_optimizer(optimizer: torch.optim.Optimizer) -> None:
             if shard is not p:
                 params[i] = shard
                 optimizer.state.pop(p, None)  # none yet: it was never stepped whole
-    _repointed[optimizer] = count
+    _repointed[optimizer] = key
 
 
 def _repoint(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -392,6 +401,20 @@ def _install_repoint_hook() -> None:
 
 
 # -- helpers -----------------------------------------------------------------------------
+def _chunks(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """`tensors` in order, in lists of at most `limit` bytes (a larger tensor alone)."""
+    out: list[list[torch.Tensor]] = []
+    size = limit
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if size + nbytes > limit:
+            out.append([])
+            size = 0
+        out[-1].append(tensor)
+        size += nbytes
+    return out
+
+
 def _dtensor_class() -> Any:
     try:
         from torch.distributed.tensor import DTensor
