@@ -25,6 +25,7 @@ a warm-up step of a tiny model (its imports and buffers) and before the model is
 per worker are 1/N of the mirrored strategy's (within 1 %). The peak resident memory is
 reported, not checked: a sharded model is built whole before the scope shards it (docs/
 sharding.md), so that peak holds one whole copy of the parameters (not of gradients and state).
+The memory launches run with glibc's mmap threshold fixed (`MALLOC_ENV`).
 
 Run: `python benchmarks/bench_sharded.py [--quick]`.
 """
@@ -43,7 +44,16 @@ HERE = Path(__file__).resolve().parent
 WIDTH, MEM_WIDTH, BATCH = 256, 1024, 32
 
 
-def _launch(params: dict[str, Any], workers: int, timeout: float) -> list[Any]:
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+"""The memory launches fix glibc's mmap threshold (128 KiB): by default it rises to 32 MiB
+once large blocks are freed, and FSDP2's gather buffers, freed after each unit, then stay in
+the heap, so the RSS would count every buffer ever used instead of those alive together. Both
+strategies run with it."""
+
+
+def _launch(
+    params: dict[str, Any], workers: int, timeout: float, env: dict[str, str] | None = None
+) -> list[Any]:
     from nbdist.testing import assert_all_ok, free_port, run_workers, torchrun_env
 
     code = f"""
@@ -53,7 +63,7 @@ def _launch(params: dict[str, Any], workers: int, timeout: float) -> list[Any]:
         report(bench.worker(json.loads({json.dumps(params)!r})))
     """
     port = free_port()
-    envs = [{**torchrun_env(rank, workers, port), "CUDA_VISIBLE_DEVICES": ""}
+    envs = [{**torchrun_env(rank, workers, port), "CUDA_VISIBLE_DEVICES": "", **(env or {})}
             for rank in range(workers)]  # fmt: skip
     results = run_workers(code, envs, timeout=timeout, cwd=HERE, fail_fast=True)
     assert_all_ok(results)
@@ -221,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for workers in (2, 4):
         for name in ("mirrored", "sharded"):
-            outs = _launch({"phase": "memory", "strategy": name}, workers, args.timeout)
+            outs = _launch({"phase": "memory", "strategy": name}, workers, args.timeout,
+                           MALLOC_ENV)  # fmt: skip
             held = max(o["held"] for o in outs)
             peak = max(o["peak_rss_above_baseline"] for o in outs)
             memory[f"{name}@{workers}"] = {"held_bytes": held, "peak_rss_above_baseline": peak}
