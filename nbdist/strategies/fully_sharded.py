@@ -87,7 +87,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         mixed_precision: None, a `torch.distributed.fsdp.MixedPrecisionPolicy`, or a dtype
             (`torch.bfloat16`, "bfloat16"): compute in that dtype, reduce gradients in float32.
         offload: True (or a `torch.distributed.fsdp.CPUOffloadPolicy`): keep the shards, their
-            gradients and the optimizer step on the CPU between uses.
+            gradients and the optimizer step on the CPU between uses (workers on GPUs only:
+            on CPU workers it raises `InvalidArgumentError`).
         communication_options: `CommunicationOptions` (implementation, timeout).
 
     Example:
@@ -113,6 +114,13 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self._mixed_precision = _mixed_precision_policy(mixed_precision)
         self._offload = _offload_policy(offload)
         super().__init__(cluster_resolver, communication_options)
+        if self._offload is not None and self._target.type == "cpu":
+            self.shutdown()  # on every worker alike: each one finds it computes on the CPU
+            raise InvalidArgumentError(
+                "offload=True keeps the shards in CPU memory between uses, for workers that "
+                "compute on GPUs; these workers compute on the CPU, where the shards already "
+                "are. Leave offload out (or run the workers on GPUs)."
+            )
         self._shard = shard
         self._min_shard_bytes = min_shard_bytes
         self._mesh: Any = None
