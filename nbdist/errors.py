@@ -29,6 +29,7 @@ __all__ = [
     "InvalidArgumentError",
     "NbdistError",
     "NbdistWarning",
+    "NotShardedError",
     "PSUnavailableError",
     "ParameterInRunError",
     "RedundantDDPError",
@@ -240,6 +241,12 @@ class CompiledCollectiveError(ContextError):
 class ParameterInRunError(ContextError):
     """A module parameter created inside `strategy.run` of a strategy with several replicas
     (compiled or not): each replica would get its own, never synchronised, parameter."""
+
+
+class NotShardedError(ContextError):
+    """A module, or parameters, created outside `FullyShardedStrategy.scope()` passed to or
+    stepped in `strategy.run`: not sharded, so their gradients are not reduced across the
+    workers. Create the model and its optimizer in `scope()`."""
 
 
 class ReplicasDivergedError(NbdistError, RuntimeError):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run nbdist's GPU checks on a machine with CUDA: the tests in tests/gpu (per-replica streams,
 # NcclAllReduce, one engine per GPU pinned, the NCCL process group and its checked collectives,
-# two workers sharing one GPU over gloo, NCCL refused on a shared GPU, CUDA prefetch), then the
+# two workers sharing one GPU over gloo, the sharded strategy on one GPU, NCCL refused on a
+# shared GPU, CUDA prefetch), then the
 # collective and training benchmarks. Results: the pytest summary and the benchmarks' tables;
 # their JSON (benchmarks/results/) is copied to ${OUT:-gpu-check}/.
 #
@@ -14,7 +15,7 @@ PYTHON=${PYTHON:-python}
 OUT=${OUT:-gpu-check}
 BENCH_ARGS=${BENCH_ARGS:-}
 BENCHES=${BENCHES:-bench_all_reduce bench_batch_reduce bench_user_collective \
-bench_multi_worker_allreduce bench_multi_worker_training}
+bench_multi_worker_allreduce bench_multi_worker_training bench_sharded}
 mkdir -p "$OUT"
 
 "$PYTHON" - <<'PY'

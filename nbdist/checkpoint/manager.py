@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -267,7 +268,9 @@ class CheckpointManager:
         def record(workers: Workers) -> None:  # the writer only, once the file is complete
             self._record(path, kept, preserved)  # first with the new one: a crash keeps it
             for old in doomed:
-                with contextlib.suppress(FileNotFoundError):
+                if os.path.isdir(old):  # a sharded checkpoint (nbdist.checkpoint.sharded)
+                    shutil.rmtree(old, ignore_errors=True)
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                     os.unlink(old)
             self._record(path, kept, preserved)
 

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from nbdist.checkpoint import sharded
 from nbdist.checkpoint.fileformat import load, payload, write_atomic
 from nbdist.checkpoint.objects import apply, capture, check
 from nbdist.checkpoint.workers import Workers
@@ -99,6 +100,12 @@ def save_objects(
     worker returns (a `CheckpointManager` records its state and deletes old files there), and
     its error is every worker's error."""
     workers = Workers.for_objects(objects)
+    sharded.point_at_shards(objects)
+    if any(sharded.is_sharded_object(obj) for obj in objects.values()):
+        workers.check_positions(_positions(objects), f"Saving checkpoint {where!r}")
+        return sharded.save_sharded(  # Note [Sharded checkpoints]
+            where, objects, workers, metadata=metadata, after_write=after_write
+        )
     error: BaseException | None = None
     try:
         workers.check_positions(_positions(objects), f"Saving checkpoint {where!r}")
@@ -173,6 +180,9 @@ def restore_objects(where: str, objects: dict[str, Any]) -> dict[str, Any]:
     """Restore `objects` from `where` on every worker; returns the file's header (its
     metadata, without the objects)."""
     workers = Workers.for_objects(objects)
+    sharded.point_at_shards(objects)
+    if sharded.is_sharded_checkpoint(where):  # Note [Sharded checkpoints]
+        return sharded.restore_sharded(where, objects, workers)
     error: BaseException | None = None
     entries: dict[str, Any] = {}
     header: dict[str, Any] = {}
@@ -196,7 +206,10 @@ def restore_objects(where: str, objects: dict[str, Any]) -> dict[str, Any]:
     iterators = [name for name in objects if entries[name]["kind"] == "iterator"]
     try:  # iterators last: skipping reads data, after every cheap state is in place
         for name in [n for n in objects if n not in iterators] + iterators:
-            apply(objects[name], entries[name])
+            if sharded.is_sharded_object(objects[name]):  # saved whole, restored as shards
+                sharded.apply_whole(objects[name], entries[name], objects)
+            else:
+                apply(objects[name], entries[name])
     except Exception as caught:
         error = caught
     if iterators:  # only an iterator's data can still disagree with its checked position
@@ -224,6 +237,8 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         {'step': {'n': 7}}
     """
     where = _path(path, "read")
+    if sharded.is_sharded_checkpoint(where):
+        raise sharded.unsupported_read(where)
     return {name: entry["state"] for name, entry in load(where)["objects"].items()}
 
 

@@ -209,14 +209,21 @@ def encode(value: Any, parts: Sequence[tuple[str, Any]] = ()) -> bytes:
 
 
 def portable(value: Any) -> Any:
-    """`value` with every tensor detached and moved to the CPU (so any client can unpickle it)."""
+    """`value` with every tensor detached and moved to the CPU (so any client can unpickle it).
+
+    A sharded parameter (a `DTensor` of `FullyShardedStrategy`) becomes this engine's local
+    shard: a `DTensor` needs its process group, which the notebook does not have, and gathering
+    it here would be a collective no caller asked for (`strategy.gather` on the engines gives
+    the whole tensor; docs/tf-differences.md).
+    """
     import torch
 
     from nbdist._private_api import pytree
 
     def leaf(item: Any) -> Any:
         if isinstance(item, torch.Tensor):
-            item = item.detach()
+            local = getattr(item, "to_local", None)
+            item = (local() if local is not None else item).detach()
             return item if item.device.type == "cpu" else item.cpu()
         return item
 

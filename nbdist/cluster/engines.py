@@ -82,6 +82,8 @@ class Cluster(CallGuard, BringUp, Scaling):
             `n` tasks). All are ipyparallel's engine-set launchers.
         backend: `"auto"` (NCCL on GPUs, gloo on CPUs), `"gloo"` or `"nccl"`.
         strategy: `"mirrored"` or `"multi_worker"` (both: one replica per engine in one group),
+            `"fully_sharded"` (the same, with `nd.experimental.FullyShardedStrategy`: models
+            created in `strategy.scope()` are sharded over the engines; docs/sharding.md),
             or `"parameter_server"`: engines as worker and ps tasks of a
             `ParameterServerStrategy` (`num_ps=1` of them ps tasks; `nbdist.cluster.ps_cluster`).
         timeout: Seconds for the engines to start and join the group (and to stop).

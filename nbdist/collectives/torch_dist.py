@@ -10,7 +10,8 @@ started), the only modules that call torch.distributed collectives.
   diagnosis of a failure;
 - `recorder`: the last N collectives of this process (`nd.debug.compare_collectives`);
 - `checked`: the signature check, all-gather, broadcast, barrier;
-- `all_reduce`: the all-reduce paths, with a table of which call takes which path.
+- `all_reduce`: the all-reduce paths, with a table of which call takes which path;
+- `sharded`: FSDP2's all-gathers and reduce-scatters (`FullyShardedStrategy`).
 
 Note [Checked collectives]: gloo aborts the process when ranks pass buffers of different sizes
 and silently mixes dtypes of the same width, so every user-facing collective first exchanges a
@@ -37,12 +38,13 @@ from nbdist.collectives.all_reduce import AllReducePaths
 from nbdist.collectives.checked import CheckedCollectives
 from nbdist.collectives.group import GroupLifecycle
 from nbdist.collectives.liveness import C10D_FILE
+from nbdist.collectives.sharded import ShardedCollectives
 from nbdist.collectives.store import BIND_STORE_ENV
 
 __all__ = ["BIND_STORE_ENV", "DistGroup", "raised_in_torch_distributed"]
 
 
-class DistGroup(AllReducePaths, CheckedCollectives, GroupLifecycle):
+class DistGroup(AllReducePaths, CheckedCollectives, ShardedCollectives, GroupLifecycle):
     """The process group of a multi-worker strategy, with checked, timed, recorded collectives.
 
     Context: every method is a collective: every rank must call it, in the same order.

@@ -4,6 +4,7 @@ from nbdist.core.reduce.options import CommunicationImplementation, Communicatio
 from nbdist.experimental import coordinator, partitioners
 from nbdist.input import ValueContext
 from nbdist.strategies.central_storage import CentralStorageStrategy
+from nbdist.strategies.fully_sharded import FullyShardedStrategy
 from nbdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 from nbdist.strategies.parameter_server import ParameterServerStrategy
 
@@ -14,6 +15,7 @@ __all__ = [
     "CollectiveCommunication",
     "CommunicationImplementation",
     "CommunicationOptions",
+    "FullyShardedStrategy",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
     "ValueContext",

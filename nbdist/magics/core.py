@@ -32,7 +32,7 @@ __all__ = ["DistMagics", "current_cluster"]
 
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 BACKENDS = ("auto", "gloo", "nccl")
-STRATEGIES = ("mirrored", "multi_worker", "parameter_server")
+STRATEGIES = ("mirrored", "multi_worker", "parameter_server", "fully_sharded")
 _NAMESPACE_NAME = "cluster"
 _instances = session.holders  # every shell's DistMagics (weakly)
 
@@ -167,7 +167,7 @@ def _distribute_parser() -> _Parser:
 
 _DIST_USAGE = (
     "%dist start [-n N] [--gpus all|0,1] [--hosts h1:2,h2:2] [--launcher local|ssh|mpi|slurm] "
-    "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server] "
+    "[--backend auto|gloo|nccl] [--strategy mirrored|multi_worker|parameter_server|fully_sharded] "
     "[--ps N] [--variable-partitioner fixed:K|min_size:B|max_size:B|NAME] [--timeout S] "
     "[--collective-timeout S] [--launcher-option KEY=VALUE ...]\n"
     "%dist status | stop | restart | auto on|off | warm [on|off] | dashboard | traceback | "

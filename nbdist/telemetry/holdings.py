@@ -21,8 +21,10 @@ __all__ = ["holdings", "memory_in_use"]
 def holdings(namespace: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per (device, kind, module name): `count` tensors and their `bytes`.
 
-    Kinds: `"parameters"` and `"buffers"` of `torch.nn.Module`s, `"variables"` for
-    `nd.Variable`s (each component of a mirrored variable on its own device).
+    Kinds: `"parameters"` and `"buffers"` of `torch.nn.Module`s, `"parameter shards"` for
+    the parameters `FullyShardedStrategy` sharded (the bytes of this replica's shards, not of
+    the whole tensors), `"variables"` for `nd.Variable`s (each component of a mirrored variable
+    on its own device).
     """
     import torch
 
@@ -42,7 +44,11 @@ def holdings(namespace: Mapping[str, Any]) -> list[dict[str, Any]]:
         seen.add(id(value))
         if isinstance(value, torch.nn.Module):
             for p in value.parameters():
-                add(p.device, "parameters", name, p)
+                local = getattr(p, "to_local", None)  # a DTensor: this replica's shard
+                if local is not None:
+                    add(p.device, "parameter shards", name, local())
+                else:
+                    add(p.device, "parameters", name, p)
             for b in value.buffers():
                 add(b.device, "buffers", name, b)
         elif isinstance(value, Variable):

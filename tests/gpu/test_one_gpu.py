@@ -164,3 +164,72 @@ def test_nccl_process_group_runs_the_checked_collectives():
     assert out["broadcast"] == [0.0, 0.0]
     assert out["async"] == [1.0] * 5
     assert out["initialized_after_shutdown"] is False
+
+
+SHARDED_ON_A_SHARED_GPU = r"""
+import torch
+import torch.nn.functional as F
+import nbdist as nd
+from nbdist.core.reduce.options import CommunicationImplementation as Impl
+
+options = nd.experimental.CommunicationOptions(implementation=Impl.RING)
+strategy = nd.experimental.FullyShardedStrategy(min_shard_bytes=1024,
+                                                communication_options=options)
+rank = strategy.cluster_resolver.task_id
+
+
+def build():
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh())
+                                 for _ in range(4)], torch.nn.Linear(256, 8))
+
+
+data = torch.Generator().manual_seed(7)
+X = torch.randn(5, 2, 16, 256, generator=data)  # step, worker, batch, features
+Y = torch.randint(0, 8, (5, 2, 16), generator=data)
+torch.manual_seed(rank)
+with strategy.scope():
+    model = build()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+initial = [strategy.gather(p).clone() for p in model.parameters()]
+reference = build().cuda()  # one device, the global batch of both workers
+with torch.no_grad():
+    for p, value in zip(reference.parameters(), initial):
+        p.copy_(value)
+ref_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-3)
+
+
+def step(x, y):
+    optimizer.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+
+
+for i in range(5):
+    strategy.run(step, args=(X[i, rank].cuda(), Y[i, rank].cuda()))
+    ref_optimizer.zero_grad()
+    F.cross_entropy(reference(X[i].reshape(32, 256).cuda()), Y[i].reshape(32).cuda()).backward()
+    ref_optimizer.step()
+torch.cuda.synchronize()
+weight = model[0][0].weight
+report({
+    "backend": strategy.process_group_backend,
+    "local": [str(weight.to_local().device), weight.to_local().shape[0], weight.shape[0]],
+    "max_diff_from_one_device": max(
+        (strategy.gather(p) - q).abs().max().item()
+        for p, q in zip(model.parameters(), reference.parameters())
+    ),
+    "ops": sorted({r.op for r in strategy.extended.telemetry.records()
+                   if r.op.startswith(("all_gather:shards", "reduce_scatter"))}),
+})
+strategy.shutdown()
+"""
+
+
+def test_fully_sharded_strategy_on_one_shared_gpu_trains_like_one_device():
+    results = run_workers(SHARDED_ON_A_SHARED_GPU, _two_workers_on_gpu_0(), timeout=240)
+    assert_all_ok(results)
+    for out in (r.result for r in results):
+        assert out["backend"] == "gloo"
+        assert out["local"] == ["cuda:0", 128, 256]  # half of each weight's rows, on the GPU
+        assert out["max_diff_from_one_device"] < 1e-4
+        assert out["ops"] == ["all_gather:shards", "reduce_scatter:AVG"]

@@ -54,7 +54,8 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     torchrun variables (so code on the engine, and `nd.MultiWorkerMirroredStrategy()` with no
     arguments, see the same cluster), drops `TF_CONFIG` (it would take precedence), sets
     torch's intra-op threads to this machine's cores divided among its engines, and stores
-    `strategy`, `nd` and `torch` in the namespace.
+    `strategy`, `nd` and `torch` in the namespace. `strategy` is a `MultiWorkerMirroredStrategy`,
+    or with `config["strategy"] == "fully_sharded"` a `FullyShardedStrategy`.
     """
     namespace = state.namespace()
     env = {
@@ -91,9 +92,12 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
         bytes_per_pack=config.get("bytes_per_pack", 0),
         compression=config.get("compression"),
     )
-    strategy = nd.MultiWorkerMirroredStrategy(
-        TorchrunClusterResolver(environ=env), communication_options=options
+    make = (
+        nd.experimental.FullyShardedStrategy
+        if config.get("strategy") == "fully_sharded"
+        else nd.MultiWorkerMirroredStrategy
     )
+    strategy = make(TorchrunClusterResolver(environ=env), communication_options=options)
     state.set_strategy(strategy, int(config["rank"]))
     from nbdist.cluster.engine_side.progress import EngineBar
     from nbdist.telemetry.metrics import set_home_replica

@@ -47,9 +47,10 @@ BACKENDS = {
 }
 """Backend name → `CommunicationImplementation` of the engines' strategy."""
 
-STRATEGIES = ("mirrored", "multi_worker", "parameter_server")
+STRATEGIES = ("mirrored", "multi_worker", "parameter_server", "fully_sharded")
 """Strategy names. On engines, "mirrored" and "multi_worker" both mean one replica per engine
-in one `torch.distributed` group (`MultiWorkerMirroredStrategy`)."""
+in one `torch.distributed` group (`MultiWorkerMirroredStrategy`); "fully_sharded" the same
+group with `nd.experimental.FullyShardedStrategy` (models created in scope sharded)."""
 
 DEFAULT_CPU_ENGINES = 2
 """Engines started when `n` is not given and there is no GPU: the smallest multi-replica cluster."""

@@ -187,6 +187,7 @@ def rank_engines(
             "timeout_seconds": plan.communication.timeout_seconds,
             "bytes_per_pack": plan.communication.bytes_per_pack,
             "compression": plan.communication.compression,
+            "strategy": plan.strategy,
         }
         result.append((engine_id, info, config))
     return result
