@@ -1,4 +1,4 @@
-"""notebooks/11-sharded.ipynb: `%dist start --strategy fully_sharded`, a 4-block MLP trained
+"""notebooks/12-sharded.ipynb: `%dist start --strategy fully_sharded`, a 4-block MLP trained
 sharded over 2 engines in a `%%distribute` cell (each engine holding half of each weight),
 gathered whole, its shards brought back, saved and restored with nd.checkpoint."""
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.mark.timeout(600)
 def test_sharded(execute_notebook):
-    nb = execute_notebook("11-sharded")
+    nb = execute_notebook("12-sharded")
 
     trained = cell_text(find_cell(nb, "losses = [float(strategy.run(step"))
     for rank in (0, 1):
