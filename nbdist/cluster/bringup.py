@@ -26,7 +26,12 @@ from typing import Any
 from nbdist._private_api import client_location
 from nbdist.cluster.engine_side import joining
 from nbdist.cluster.errors import ClusterStartError
-from nbdist.cluster.launch.launchers import IpyparallelSettings, probe_hosts
+from nbdist.cluster.launch.launchers import (
+    ROUTE_TO_HOSTS,
+    IpyparallelSettings,
+    for_start,
+    probe_hosts,
+)
 from nbdist.cluster.launch.lockdown import private_dirs, private_files
 from nbdist.cluster.launch.startup import (
     launch_failure,
@@ -149,6 +154,8 @@ class BringUp:
             except ConnectionError as error:
                 raise ClusterStartError(str(error)) from None
             clock.stage(f"ssh reaches {len(plan.hosts)} host(s), nbdist is installed there")
+        # the controller listens on the address that reaches the hosts, never on every one
+        settings = self._settings = for_start(settings, plan)
         ipp = self._ipp = ipyparallel.Cluster(**settings.cluster_kwargs)
         private_dirs(ipp.profile_dir)  # connection files, keys and logs: owner only
         ipp.log = ipp_logger(ipp.cluster_id, settings.cluster_kwargs["log_level"])
@@ -219,8 +226,8 @@ class BringUp:
 
 def controller_address(settings: IpyparallelSettings, client: Any) -> str:
     """The controller's address as engines reach it (they report their own from it)."""
-    if settings.controller_ip == "127.0.0.1":
-        return "127.0.0.1"
+    if settings.controller_ip not in ("*", ROUTE_TO_HOSTS):
+        return settings.controller_ip  # 127.0.0.1, or the address chosen for the hosts
     location = client_location(client)
     return str(location or socket.gethostname())
 

@@ -13,6 +13,10 @@ Note [Host names and files]: namespaces are named `nbd-<token>-<host>` and the b
 bridge, so they may all use the same addresses. Every host shares this machine's file system:
 the same Python, the same nbdist, the same temporary directory.
 
+Note [Own name]: as on a Debian machine, each host's own name resolves to 127.0.1.1 on that
+host (and to its address everywhere else), so a program that finds "its address" from its
+hostname gets one no other host reaches, as it would on real machines set up that way.
+
 Everything is removed on `close()` (also when setting up failed half-way): every process in
 each namespace stopped by pid (SIGTERM, then SIGKILL), the namespaces (their veths go with
 them), the bridge and the `/etc/netns` folders. Needs root and `ip netns`; `skip_reason()`
@@ -339,8 +343,10 @@ class HostCluster:
         _ip("link", "add", self.bridge, "type", "bridge")
         _no_ipv6(None, self.bridge)
         _ip("link", "set", self.bridge, "up")
-        lines = ["127.0.0.1 localhost"] + [f"{h.address} {h.name}" for h in self.hosts.values()]
+        others = [f"{h.address} {h.name}" for h in self.hosts.values()]
         for host in self.hosts.values():
+            # as on Debian, a host's own name resolves to 127.0.1.1 there (Note [Own name])
+            lines = ["127.0.0.1 localhost", f"127.0.1.1 {host.name}", *others]
             _ip("netns", "add", host.netns)
             _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns",
                 host.netns)  # fmt: skip
