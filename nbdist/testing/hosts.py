@@ -57,6 +57,7 @@ __all__ = [
     "SUBNET",
     "Host",
     "HostCluster",
+    "HostSetupError",
     "alive",
     "host_cluster",
     "skip_reason",
@@ -72,6 +73,10 @@ _FIRST_ADDRESS = 10
 _SSHD_READY_S = 20.0
 _STOP_GRACE_S = 5.0
 _POLL_S = 0.05
+
+
+class HostSetupError(RuntimeError):
+    """The namespace hosts could not be made or removed (what `ip` or sshd said is in it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +131,11 @@ class HostCluster:
 
     def __init__(self, n: int, folder: Path | None = None, token: str | None = None) -> None:
         if n < 1:
-            raise ValueError(f"a host cluster needs at least 1 engine host, got n={n}")
+            from nbdist.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                f"a host cluster needs at least 1 engine host, got n={n}; e.g. HostCluster(2)"
+            )
         self.token = token or secrets.token_hex(3)
         self.folder = Path(folder) if folder else STATE_ROOT / self.token
         self.bridge = f"nbdbr{self.token}"
@@ -312,7 +321,7 @@ class HostCluster:
         shutil.rmtree(self.folder, ignore_errors=True)
         left = [h.netns for h in self.hosts.values() if h.netns in _namespaces()]
         if left or problems:
-            raise RuntimeError(f"could not remove namespace hosts {left}: {problems}")
+            raise HostSetupError(f"could not remove namespace hosts {left}: {problems}")
 
     def save(self) -> Path:
         """Write `state.json` (what `down` needs) into the cluster's folder."""
@@ -435,7 +444,7 @@ class HostCluster:
                 break
             time.sleep(_POLL_S)  # polling for the listener (bounded by the deadline)
         log = (self.folder / f"sshd.{host.name}.log").read_text(errors="replace")
-        raise RuntimeError(f"sshd on {host.name} did not listen within {_SSHD_READY_S} s: {log}")
+        raise HostSetupError(f"sshd on {host.name} did not listen within {_SSHD_READY_S} s: {log}")
 
 
 @contextlib.contextmanager
@@ -443,12 +452,12 @@ def host_cluster(n: int = 2) -> Iterator[HostCluster]:
     """A `HostCluster` of `n` engine hosts and the notebook's host, removed on exit.
 
     Raises:
-        RuntimeError: `skip_reason()` is not None (its text says why), or a part would not
+        HostSetupError: `skip_reason()` is not None (its text says why), or a part would not
             start (its output is in the message).
     """
     reason = skip_reason()
     if reason:
-        raise RuntimeError(reason)
+        raise HostSetupError(reason)
     cluster = HostCluster(n).up()
     try:
         yield cluster
@@ -459,7 +468,7 @@ def host_cluster(n: int = 2) -> Iterator[HostCluster]:
 def _ip(*argv: str) -> None:
     done = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"`ip {' '.join(argv)}` failed: {done.stderr.strip()}")
+        raise HostSetupError(f"`ip {' '.join(argv)}` failed: {done.stderr.strip()}")
 
 
 def _no_ipv6(netns: str | None, device: str) -> None:
@@ -565,4 +574,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -10,6 +10,7 @@ cut off in the middle of an all-reduce, restart, stop.
 
 from __future__ import annotations
 
+import ast
 import ipaddress
 import time
 from collections.abc import Iterator
@@ -57,7 +58,7 @@ def kernel(hosts: HostCluster, tmp_path_factory) -> Iterator[HostKernel]:
 
 def engine_hosts(kernel: HostKernel) -> list[str]:
     reply = kernel.execute("[row.host for row in current_cluster().status()]")
-    return eval(reply["result"])  # a list of names, as printed by the kernel
+    return ast.literal_eval(reply["result"])  # a list of names, as printed by the kernel
 
 
 def test_start_over_ssh_names_each_engines_host(hosts: HostCluster, kernel: HostKernel):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nbdist.testing.hosts import HostCluster, alive, host_cluster
+from nbdist.testing.hosts import HostCluster, HostSetupError, alive, host_cluster
 
 from .conftest import require_hosts
 
@@ -110,7 +110,7 @@ def test_a_failed_start_removes_what_it_made():
     cluster = HostCluster(1)
     # h1's namespace name is taken: `up` fails there, after making the bridge and nb
     subprocess.run(["ip", "netns", "add", cluster.hosts["h1"].netns], check=True)
-    with pytest.raises(RuntimeError, match="netns add"):
+    with pytest.raises(HostSetupError, match="netns add"):
         cluster.up()
     assert cluster.hosts["nb"].netns not in _namespaces()
     assert cluster.hosts["h1"].netns not in _namespaces()
