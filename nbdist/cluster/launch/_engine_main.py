@@ -15,8 +15,9 @@ would show). Any other way out keeps its status. A stop that arrives while a req
 the event loop it would stop is not running.
 
 It also starts `watch_parent` first, so the engine stops when the process that started it
-dies. (The engine writes none of the cluster's files, so the user's umask stays: files a cell
-writes get the usual modes.)
+dies; an engine started over ssh, which has no such parent, stops once its controller is gone
+(`controller_watch`, Note [Engines without a parent]). (The engine writes none of the
+cluster's files, so the user's umask stays: files a cell writes get the usual modes.)
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import sys
 
 def main() -> None:
     """Import what every engine needs, then hand over to ipyparallel's engine (`sys.argv`)."""
-    from nbdist.cluster.launch.parent_watch import watch_parent
+    from nbdist.cluster.launch.parent_watch import NO_PARENT_FLAG, watch_parent
 
+    watched = NO_PARENT_FLAG not in sys.argv
     watch_parent()
     import torch  # noqa: F401  (the expensive import, done before registering)
     from ipyparallel.engine.app import IPEngine
@@ -37,6 +39,10 @@ def main() -> None:
     from nbdist.cluster.engine_side import guards, joining  # noqa: F401
 
     Engine = stop_noting_engine(IPEngine, busy=guards.running, exit_now=_exit_at_once)
+    if not watched:  # started over ssh: stop once the controller is gone instead
+        from nbdist.cluster.launch.controller_watch import watch_controller
+
+        watch_controller(lambda: _registration_url(Engine))
     try:
         Engine.launch_instance()
     except RuntimeError:
@@ -44,6 +50,13 @@ def main() -> None:
             raise
     if Engine.stopping:
         _exit_at_once()
+
+
+def _registration_url(engine_class: type) -> str | None:
+    """The controller's registration URL once ipyparallel's engine has read it, else None."""
+    if not engine_class.initialized():  # type: ignore[attr-defined]
+        return None
+    return engine_class.instance().registration_url or None  # type: ignore[attr-defined]
 
 
 def _exit_at_once() -> None:
