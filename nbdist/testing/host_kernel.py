@@ -138,7 +138,7 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
-def _run_cell(client: Any, code: str, timeout: float) -> dict[str, Any]:
+def _run_cell(client: Any, code: str, timeout: float, alive: Any = None) -> dict[str, Any]:
     begin = time.monotonic()
     msg_id = client.execute(code)
     reply: dict[str, Any] = {"stdout": "", "stderr": "", "result": None, "error": None}
@@ -151,6 +151,9 @@ def _run_cell(client: Any, code: str, timeout: float) -> dict[str, Any]:
         try:
             message = client.get_iopub_msg(timeout=min(left, 1.0))
         except queue.Empty:
+            if alive is not None and not alive():
+                reply["error"] = {"ename": "DeadKernel", "evalue": "the kernel died"}
+                break
             continue
         if message.get("parent_header", {}).get("msg_id") != msg_id:
             continue
@@ -198,8 +201,14 @@ def main() -> None:
                 if not line.strip():
                     continue
                 request = json.loads(line)
-                reply = _run_cell(client, request["code"], float(request.get("timeout", 180)))
-                if reply["error"] and reply["error"]["ename"] == "CellTimeout":
+                if not km.is_alive():
+                    dead = {"ename": "DeadKernel", "evalue": "the kernel died"}
+                    reply = {"stdout": "", "stderr": "", "result": None, "error": dead}
+                else:
+                    reply = _run_cell(
+                        client, request["code"], float(request.get("timeout", 180)), km.is_alive
+                    )
+                if reply["error"] and reply["error"]["ename"] == "CellTimeout" and km.is_alive():
                     km.interrupt_kernel()
                 out.write(json.dumps(reply) + "\n")
                 out.flush()

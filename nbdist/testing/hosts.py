@@ -284,6 +284,15 @@ class HostCluster:
         _stop_pids(pids)
         return seen
 
+    def stop_sshd(self, host: str) -> None:
+        """Stop `host`'s sshd by pid (its sessions' processes stay)."""
+        _stop_pids([self.sshd_pids[host]])
+
+    def start_sshd(self, host: str) -> None:
+        """Start `host`'s sshd again (after `stop_sshd`) and wait until it listens."""
+        self._start_sshd(self.hosts[host])
+        self._wait_for_sshd(self.hosts[host])
+
     # -- making and removing -----------------------------------------------------------------
     def up(self) -> HostCluster:
         """Make the bridge, the namespaces, their hosts files, keys and sshds.

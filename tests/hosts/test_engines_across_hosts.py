@@ -21,7 +21,7 @@ import pytest
 from nbdist.testing.host_kernel import HostKernel
 from nbdist.testing.hosts import HostCluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]  # a start over ssh: up to 240 s
 
 START_S = 240.0
 LOST_WITHIN_S = 10.0
