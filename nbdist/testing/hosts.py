@@ -26,7 +26,7 @@ From a shell::
 
     python -m nbdist.testing.hosts up 2          # nb, h1, h2; prints the state file
     python -m nbdist.testing.hosts run nb -- ssh -F STATE_DIR/ssh_config h1 hostname
-    python -m nbdist.testing.hosts down          # every cluster made by `up`
+    python -m nbdist.testing.hosts down          # every cluster made by `up` (not tests')
 
 Example (as root)::
 
@@ -150,6 +150,8 @@ class HostCluster:
             for index, name in enumerate(names)
         }
         self.sshd_pids: dict[str, int] = {}
+        self.from_shell = False
+        """Made by `python -m nbdist.testing.hosts up` (what a bare `down` removes)."""
 
     # -- what tests use --------------------------------------------------------------------
     @property
@@ -343,6 +345,7 @@ class HostCluster:
                     "hosts": {n: dataclasses.asdict(h) for n, h in self.hosts.items()},
                     "sshd_pids": self.sshd_pids,
                     "ssh_config": str(self.ssh_config),
+                    "from_shell": self.from_shell,
                 },
                 indent=1,
             )
@@ -355,6 +358,7 @@ class HostCluster:
         data = json.loads((Path(folder) / "state.json").read_text())
         cluster = cls(int(data["engine_hosts"]), folder=Path(folder), token=data["token"])
         cluster.sshd_pids = {k: int(v) for k, v in data["sshd_pids"].items()}
+        cluster.from_shell = bool(data.get("from_shell"))
         return cluster
 
     def _make_network(self) -> None:
@@ -545,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="make nb and N engine hosts (h1..hN)")
     up.add_argument("n", type=int, nargs="?", default=2)
-    down = sub.add_parser("down", help="remove clusters made by `up` (all when none named)")
+    down = sub.add_parser("down", help="remove the named clusters (default: all made by `up`)")
     down.add_argument("folders", nargs="*")
     run = sub.add_parser("run", help="run a command on a host of the newest cluster")
     run.add_argument("host")
@@ -558,7 +562,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     states = sorted(STATE_ROOT.glob("*/state.json"), key=lambda p: p.stat().st_mtime)
     if args.action == "up":
-        cluster = HostCluster(args.n).up()
+        cluster = HostCluster(args.n)
+        cluster.from_shell = True
+        cluster.up()
         print(f"state: {cluster.folder}")
         for host in cluster.hosts.values():
             print(f"{host.name:4} {host.address:14} netns {host.netns}  veth {host.veth}")
@@ -569,16 +575,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(state.parent)
         return 0
     if args.action == "down":
-        folders = [Path(f) for f in args.folders] or [state.parent for state in states]
+        # a bare `down` removes the clusters `up` made, never one a test run is using
+        folders = [Path(f) for f in args.folders] or [
+            state.parent for state in states if HostCluster.load(state.parent).from_shell
+        ]
         for folder in folders:
             HostCluster.load(folder).close()
             print(f"removed {folder}")
         return 0
-    if not states:
+    mine = [state for state in states if HostCluster.load(state.parent).from_shell]
+    if not mine:
         print("no cluster: run `up` first", file=sys.stderr)
         return 2
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-    cluster = HostCluster.load(states[-1].parent)
+    cluster = HostCluster.load(mine[-1].parent)
     return subprocess.run(cluster.command(args.host, command), check=False).returncode
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import ipaddress
+import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +108,59 @@ def test_distribute_and_strategy_run_all_reduce_across_hosts(kernel: HostKernel)
         "[float(v) for v in current_cluster().strategy.run(replica_sum).values]"
     )
     assert reply["result"] == "[10.0, 10.0, 10.0, 10.0]"
+
+
+TRAIN = """%%distribute
+import hashlib, os, time
+torch.manual_seed(0)
+with strategy.scope():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.Tanh(), torch.nn.Linear(512, 256)
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+def step(x, y):
+    loss = ((model(x) - y) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+g = torch.Generator().manual_seed(int(os.environ["RANK"]))
+began = time.perf_counter()
+for i in range(8):
+    x = torch.randn(32, 256, generator=g)
+    strategy.run(step, args=(x, x.flip(1)))
+weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+(hashlib.sha256(weights).hexdigest(), round(time.perf_counter() - began, 2))
+"""
+
+
+def train(kernel: HostKernel) -> tuple[set[str], list[float]]:
+    """Train on the 4 replicas; the parameters' digests (one per replica) and their times."""
+    result = kernel.execute(TRAIN, timeout=300)["result"]
+    pairs = re.findall(r"\('([0-9a-f]{64})', ([0-9.]+)\)", result)
+    assert len(pairs) == 4, result
+    return [digest for digest, _ in pairs], [float(seconds) for _, seconds in pairs]
+
+
+def test_training_on_a_100_mbit_link_gives_the_same_parameters(
+    hosts: HostCluster, kernel: HostKernel
+):
+    fast, fast_s = train(kernel)
+    hosts.limit_rate("h2", "100mbit")
+    try:
+        shown = subprocess.run(
+            ["tc", "qdisc", "show", "dev", hosts.hosts["h2"].veth],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert "tbf" in shown and "100Mbit" in shown, shown
+        slow, slow_s = train(kernel)
+    finally:
+        hosts.limit_rate("h2", None)
+    print(f"\n8 steps: {max(fast_s):.2f} s unlimited, {max(slow_s):.2f} s with h2 at 100 Mbit/s")
+    assert len(set(fast)) == 1, fast  # bit-identical on every replica
+    assert slow == fast  # and the same as without the limit
 
 
 def test_a_host_cut_off_mid_all_reduce_is_named_within_10_s(
