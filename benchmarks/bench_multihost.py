@@ -101,6 +101,9 @@ def run_pair(hosts: Any, plan: dict[int, tuple[int, int]], timeout: float) -> li
             **os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
             "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": hosts.hosts["h1"].address,
             "MASTER_PORT": str(PORT), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+            # a host's own name resolves to 127.0.1.1 there (Note [Own name] in
+            # nbdist.testing.hosts): gloo needs its interface named, as nd.Cluster's engines do
+            "GLOO_SOCKET_IFNAME": "eth0",
         }  # fmt: skip
         env.pop("TF_CONFIG", None)
         processes.append(
@@ -109,7 +112,13 @@ def run_pair(hosts: Any, plan: dict[int, tuple[int, int]], timeout: float) -> li
         )
     results = []
     for process in processes:
-        out, err = process.communicate(timeout=timeout)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except BaseException:
+            for other in processes:
+                other.kill()
+                other.wait(timeout=30)
+            raise
         found = [line for line in out.splitlines() if line.startswith("RESULT ")]
         if process.returncode != 0 or not found:
             raise RuntimeError(f"a worker failed ({process.returncode}):\n{err[-3000:]}")
