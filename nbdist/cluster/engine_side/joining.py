@@ -78,7 +78,7 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     elif "GLOO_SOCKET_IFNAME" not in os.environ:
         # gloo binds to what this machine's name resolves to (127.0.1.1 on Debian, which no
         # other host reaches): give it the interface on the route to the rendezvous
-        from nbdist.cluster.launch.addresses import address_towards, interface_with
+        from nbdist.cluster.addresses import address_towards, interface_with
 
         own = address_towards(str(config["master_addr"]))
         interface = interface_with(own) if own else None

@@ -243,7 +243,7 @@ def for_start(settings: IpyparallelSettings, plan: LaunchPlan) -> IpyparallelSet
     """
     if settings.controller_ip != ROUTE_TO_HOSTS:
         return settings
-    from nbdist.cluster.launch.addresses import address_towards
+    from nbdist.cluster.addresses import address_towards
 
     remote = [host for host, _ in plan.hosts or () if not is_loopback(host)]
     if remote:
