@@ -14,7 +14,9 @@ a heartbeat, and ends the call with an error naming the lost replicas and their 
 
 A heartbeat comes from a thread of the engine's own, so an engine busy in Python, or blocked in
 a collective or in C code that releases the GIL, keeps beating: only a lost host or a process
-that is stopped or frozen whole goes quiet.
+that is stopped or frozen whole goes quiet. One more does: code in the call that destroys the
+process group (`dist.destroy_process_group()`, `strategy.shutdown()`) ends that engine's
+heartbeat, so a call that goes on for `LOST_AFTER_S` after that is taken for a lost host.
 
 Example (needs running engines, so not run here)::
 
