@@ -23,7 +23,9 @@ import signal
 import pytest
 import torch
 
-_ONE_WORKER_PER_MODULE = ("tests/cluster/", "tests/jupyter/", "tests/ps/", "tests/dist/")
+_ONE_WORKER_PER_MODULE = (
+    "tests/cluster/", "tests/jupyter/", "tests/ps/", "tests/dist/", "tests/hosts/"
+)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)

@@ -26,7 +26,12 @@ from typing import Any
 from nbdist._private_api import client_location
 from nbdist.cluster.engine_side import joining
 from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
-from nbdist.cluster.launch.launchers import IpyparallelSettings, probe_hosts
+from nbdist.cluster.launch.launchers import (
+    ROUTE_TO_HOSTS,
+    IpyparallelSettings,
+    for_start,
+    probe_hosts,
+)
 from nbdist.cluster.launch.lockdown import private_dirs, private_files
 from nbdist.cluster.launch.startup import (
     launch_failure,
@@ -157,6 +162,8 @@ class BringUp:
             "MKL_NUM_THREADS": str(threads),
             "MPLBACKEND": "Agg",  # engines have no screen; %%distribute shows figures
         }
+        # the controller listens on the address that reaches the hosts, never on every one
+        settings = self._settings = for_start(settings, plan)
         cluster_kwargs = settings.cluster_kwargs
         if settings.zygote:  # Note [Engines from a zygote] in launchers.py
             cluster_kwargs = self._start_zygote(deadline, engine_env)
@@ -269,8 +276,8 @@ class BringUp:
 
 def controller_address(settings: IpyparallelSettings, client: Any) -> str:
     """The controller's address as engines reach it (they report their own from it)."""
-    if settings.controller_ip == "127.0.0.1":
-        return "127.0.0.1"
+    if settings.controller_ip not in ("*", ROUTE_TO_HOSTS):
+        return settings.controller_ip  # 127.0.0.1, or the address chosen for the hosts
     location = client_location(client)
     return str(location or socket.gethostname())
 

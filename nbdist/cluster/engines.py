@@ -54,6 +54,8 @@ from nbdist.errors import InvalidArgumentError
 __all__ = ["Cluster"]
 
 _LOG = logging.getLogger(__name__)
+SSH_SHUTDOWN_S = 10.0
+"""Seconds a stop waits for engines on other hosts to leave when asked through the controller."""
 REAP_GRACE_S = 1.0
 """Seconds what is left of a cluster after ipyparallel's stop gets to exit before it is killed."""
 
@@ -75,8 +77,9 @@ class Cluster(CallGuard, BringUp, Scaling):
         gpus: `"all"` (one engine per GPU), GPU indices (`[0, 2]` or `"0,2"`), or `"none"`
             for CPU engines on a GPU machine. Default: the GPUs if there are any.
         hosts: `"h1:2,h2:2"` (`[user@]HOST[:COUNT]`) for engines on other machines, with
-            launcher ssh, mpi or slurm. The controller then listens on all interfaces, and the
-            rendezvous on the first engine's address.
+            launcher ssh, mpi or slurm. The controller then listens on the address of this
+            machine on the route to the first host (or `launcher_options={"controller_ip":
+            ...}`), never on every interface, and the rendezvous on the first engine's address.
         launcher: `"local"` (this machine), `"ssh"` (needs hosts; ssh must log in without a
             password), `"mpi"` (`mpiexec`; needs mpi4py) or `"slurm"` (an `sbatch` job of
             `n` tasks). All are ipyparallel's engine-set launchers.
@@ -548,9 +551,14 @@ class Cluster(CallGuard, BringUp, Scaling):
         if self._client is not None:
             if self._plan.launcher == "ssh" and self._client.ids:
                 # Engines on other hosts exit when asked through the controller; ipyparallel's
-                # ssh stop then finds them gone instead of signalling each over ssh.
+                # ssh stop then finds them gone instead of signalling each over ssh. Not
+                # `block=True`: an engine whose host dropped off never replies, and that wait
+                # has no end; the engines' unregistration is waited for, SSH_SHUTDOWN_S at most.
                 with contextlib.suppress(Exception):
-                    self._client.shutdown(hub=False, block=True)
+                    self._client.shutdown(hub=False, block=False)
+                    deadline = time.monotonic() + min(self._plan.timeout, SSH_SHUTDOWN_S)
+                    while self._client.ids and time.monotonic() < deadline:
+                        time.sleep(0.05)  # polling the registrations (bounded by the deadline)
             with contextlib.suppress(Exception):
                 self._client.close()
         if self._ipp is not None:

@@ -38,6 +38,12 @@ group, abandoned by the interrupt, is formed again before the next call once eve
 idle (`Cluster.reform_when_idle`). Only engines that publish nothing (blocked in C, or
 ignoring SIGINT) make the cluster unusable.
 
+A host that drops off the network in the middle of a call is noticed from its engines'
+heartbeats in the rendezvous store (Note [A host that drops off] in `nbdist.cluster.heartbeats`):
+the supervisor abandons the group, so the other replicas' collectives fail at once, ends the
+call with an error naming the lost replicas and their hosts, and marks the cluster unusable
+(its engines may come back, but their requests are lost).
+
 Timeouts and Ctrl-C interrupt the engines still running (SIGINT through ipyparallel's nanny)
 and abandon the group (which releases engines blocked in C), then give them a few seconds to
 come back.
@@ -75,6 +81,7 @@ from nbdist.cluster.errors import (
     RemoteFailure,
     SerializationError,
 )
+from nbdist.cluster.heartbeats import WATCH_AFTER_S, HeartbeatWatch
 from nbdist.cluster.output import OutputPrinter
 from nbdist.cluster.replies import (
     COLLECTIVE_ERRORS,
@@ -287,19 +294,33 @@ class Supervisor:
         """Replicas whose user code destroyed the process group (`settle` forms it again)."""
         self._split_since: float | None = None
         self._next_check = 0.0
+        self.lost: dict[int, str] = {}
+        """Replicas whose heartbeats stopped during the call: `{replica: why}` (Note [A host
+        that drops off] in `nbdist.cluster.heartbeats`); their requests are given up."""
+        self._began = time.monotonic()
+        self._watch: HeartbeatWatch | None = None
 
     def wait(self, timeout: float | None) -> bool:
-        """Wait until every engine answered (True) or `timeout` passed (False)."""
+        """Wait until every engine answered or was lost (True) or `timeout` passed (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            pending = [part for part in self.parts if not part.ready()]
+            pending = [
+                part
+                for info, part in zip(self.engines, self.parts)
+                if not part.ready() and info.rank not in self.lost
+            ]
             if not pending:
+                self.stop_watch()
                 return True
             now = time.monotonic()
             remaining = None if deadline is None else deadline - now
             if remaining is not None and remaining <= 0:
                 return False
             step = remaining
+            if self._watch_heartbeats(now):
+                continue
+            if self._watch is not None:  # look at the heartbeats' verdict often
+                step = _POLL_S if step is None else min(step, _POLL_S)
             if not self.released and (len(pending) < len(self.parts) or self.bystanders):
                 self._split_since = self._split_since or now
                 failed = any(not reply_ok(reply_of(p)) for p in self.parts if p.ready())
@@ -312,6 +333,43 @@ class Supervisor:
             concurrent.futures.wait(
                 pending, timeout=step, return_when=concurrent.futures.FIRST_COMPLETED
             )
+
+    def stop_watch(self) -> None:
+        """Stop watching the engines' heartbeats (the call is over)."""
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+    def _watch_heartbeats(self, now: float) -> bool:
+        """Start the heartbeat watch once the call has run `WATCH_AFTER_S`; when replicas
+        still running are lost, give them up: abandon the group (waking their peers) and
+        interrupt the rest. True when that just happened."""
+        if self.lost or self.fault or self.released:
+            self.stop_watch()
+            return False
+        if self._watch is None:
+            store = getattr(self.cluster, "group_store", lambda: None)()
+            if store is None or now - self._began < WATCH_AFTER_S:
+                return False
+            self._watch = HeartbeatWatch(store, [info.rank for info in self.engines])
+            self._watch.start()
+            return False
+        running = {info.rank for info, part in zip(self.engines, self.parts) if not part.ready()}
+        lost = {rank: why for rank, why in self._watch.lost().items() if rank in running}
+        if not lost:
+            return False
+        self.stop_watch()
+        self.lost = lost
+        hosts = sorted({info.host for info in self.engines if info.rank in lost})
+        reason = (
+            f"replica(s) {sorted(lost)} on host(s) {', '.join(hosts)} stopped sending "
+            f"heartbeats during {self.what} (the host dropped off the network, or the "
+            "engine's process is frozen)"
+        )
+        # no SIGINT: the replicas still here get the abandon's error naming the lost ones
+        self.fault = reason
+        self.cluster.abort_group(reason)
+        return True
 
     def pending(self) -> list[int]:
         """The replicas whose engines have not answered yet."""
@@ -381,6 +439,17 @@ class Supervisor:
             )
             for reply in replies
         )
+        if self.lost:
+            hosts = sorted({info.host for info in self.engines if info.rank in self.lost})
+            self.cluster.mark_broken(
+                f"replica(s) {sorted(self.lost)} on host(s) {', '.join(hosts)} stopped sending "
+                f"heartbeats during {self.what}"
+            )
+            return (
+                f" Replica(s) {sorted(self.lost)} on {', '.join(hosts)} are lost; the cluster "
+                f"is unusable: once the host(s) are reachable again, run {fix} (engine state is "
+                "lost)."
+            )
         if not (self.fault or self.released or failed_collective or died or still):
             if all(reply_ok(reply) for reply in replies):
                 self.cluster.forget_repair()  # a later call succeeded: the repair is history
@@ -481,7 +550,11 @@ def checked_replies(
     all failed replicas otherwise. The cluster's health is settled first (Note [Cluster
     health]), and the error says what state it is in now, naming `fix` (e.g.
     `"cluster.restart()"`) where needed, plus whatever `hints(failures)` adds."""
-    replies = [reply_of(part) for part in parts]
+    replies = [
+        _lost_reply(supervisor.lost[info.rank]) if info.rank in supervisor.lost and not
+        part.ready() else reply_of(part)
+        for info, part in zip(engines, parts)
+    ]  # fmt: skip
     failures = [
         failure_of(info, reply) for info, reply in zip(engines, replies) if not reply_ok(reply)
     ]
@@ -502,3 +575,15 @@ def checked_replies(
     if state:
         notes.append(state.strip())
     raise RemoteError(what, failures, len(engines), notes)
+
+
+def _lost_reply(why: str) -> dict[str, Any]:
+    """The failed reply of a replica whose heartbeats stopped (it never answered)."""
+    return {
+        "ok": False,
+        "ename": "HostUnreachableError",
+        "evalue": f"its engine stopped sending heartbeats ({why}): its host dropped off the "
+        "network, or the process is frozen",
+        "traceback": "",
+        "short": "",
+    }

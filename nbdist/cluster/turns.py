@@ -201,6 +201,13 @@ class CallGuard:
         if self._broken is None:
             self._broken = reason
 
+    def group_store(self) -> tuple[str, int, str] | None:
+        """The rendezvous store's address and port and the group generation's key prefix
+        (where the engines' heartbeats are); None before the group is formed."""
+        if self._rendezvous is None or self._group_prefix is None:
+            return None
+        return (*self._rendezvous, self._group_prefix)
+
     def abort_group(self, reason: str) -> bool:
         """Abandon the engines' process group on every engine (Note [Waking a blocked
         collective] in `nbdist.collectives.abort`): collectives blocked in C fail within a

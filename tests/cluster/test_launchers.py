@@ -28,8 +28,9 @@ from ipyparallel import interactive
 
 import nbdist as nd
 from nbdist.cluster import Cluster, ClusterStartError
-from nbdist.cluster.launch.launchers import ipyparallel_settings
+from nbdist.cluster.launch.launchers import ROUTE_TO_HOSTS, for_start, ipyparallel_settings
 from nbdist.cluster.launch.plan import make_plan
+from nbdist.errors import InvalidArgumentError
 from nbdist.testing import free_port
 
 from .conftest import stop_and_check
@@ -76,13 +77,14 @@ def test_engines_run_nbdist_entry_point_and_slurm_places_them_on_the_hosts():
     assert "#SBATCH --nodelist=node1,node2\n#SBATCH --ntasks-per-node=2\n" in template
     assert "#SBATCH --ntasks={n}" in template and template.endswith("srun {program_and_args}\n")
     assert "--gpus-per-task" not in template
-    assert settings.controller_ip == "*"  # engines on other machines must reach it
+    # engines on other machines must reach it: the address on the route to them, at start
+    assert settings.controller_ip == ROUTE_TO_HOSTS
     gpu_job = ipyparallel_settings(
         make_plan(n=4, launcher="slurm", gpus="all"),
         heartbeat_ms=1000,
         options={"options": "--mem=4G", "account": "proj"},
     )
-    assert gpu_job.controller_ip == "*"  # srun runs the engines on the allocation's nodes
+    assert gpu_job.controller_ip == ROUTE_TO_HOSTS  # srun places engines on other nodes
     assert (
         "#SBATCH --mem=4G\n"
         in gpu_job.cluster_kwargs["config"].SlurmEngineSetLauncher.batch_template
@@ -105,7 +107,27 @@ def test_ssh_settings_never_prompt_and_loopback_hosts_keep_the_controller_local(
     assert settings.controller_ip == "127.0.0.1"
     assert settings.remote_python == sys.executable  # the same machine: this Python
     remote = ipyparallel_settings(make_plan(hosts="node1", launcher="ssh"), heartbeat_ms=1000)
-    assert remote.controller_ip == "*" and remote.remote_python == "python3"
+    assert remote.controller_ip == ROUTE_TO_HOSTS and remote.remote_python == "python3"
+
+
+def test_the_controller_listens_on_one_address_never_on_every_interface():
+    # chosen at start from the route to the first host (tests/hosts/ checks the sockets)
+    settings = ipyparallel_settings(make_plan(hosts="node1", launcher="ssh"), heartbeat_ms=1000)
+    assert settings.cluster_kwargs["controller_ip"] == ROUTE_TO_HOSTS
+    with pytest.raises(ClusterStartError, match=r"'no-such-host\.invalid'.*controller_ip"):
+        for_start(settings, make_plan(hosts="no-such-host.invalid:1", launcher="ssh"))
+    given = ipyparallel_settings(
+        make_plan(hosts="node1", launcher="ssh"), heartbeat_ms=1000,
+        options={"controller_ip": "10.1.2.3"},
+    )  # fmt: skip
+    assert given.controller_ip == given.cluster_kwargs["controller_ip"] == "10.1.2.3"
+    assert for_start(given, make_plan(hosts="node1", launcher="ssh")) is given
+    for bad in ("0.0.0.0", "*", "eth0"):
+        with pytest.raises(InvalidArgumentError, match=r"controller_ip.*one IP address"):
+            ipyparallel_settings(
+                make_plan(hosts="node1", launcher="ssh"), heartbeat_ms=1000,
+                options={"controller_ip": bad},
+            )  # fmt: skip
 
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec")

@@ -76,6 +76,15 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
         loopback = _loopback_interface()
         if loopback:
             os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    elif "GLOO_SOCKET_IFNAME" not in os.environ:
+        # gloo binds to what this machine's name resolves to (127.0.1.1 on Debian, which no
+        # other host reaches): give it the interface on the route to the rendezvous
+        from nbdist.cluster.addresses import address_towards, interface_with
+
+        own = address_towards(str(config["master_addr"]))
+        interface = interface_with(own) if own else None
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     import torch
 
     threads = max(1, cores() // max(1, int(config["local_world_size"])))

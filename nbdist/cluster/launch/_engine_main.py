@@ -15,8 +15,9 @@ would show). Any other way out keeps its status. A stop that arrives while a req
 the event loop it would stop is not running.
 
 It also starts `watch_parent` first, so the engine stops when the process that started it
-dies. (The engine writes none of the cluster's files, so the user's umask stays: files a cell
-writes get the usual modes.)
+dies; an engine started over ssh, which has no such parent, stops once its controller is gone
+(`controller_watch`, Note [Engines without a parent]). (The engine writes none of the
+cluster's files, so the user's umask stays: files a cell writes get the usual modes.)
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ def main() -> None:
 def run(parent: int | None = None) -> None:
     """Run ipyparallel's engine with `sys.argv`, stopping when process `parent` dies (default:
     the one `--nbdist-parent=PID` names). An engine forked from the zygote (`parent` is the
-    zygote) also forks its nanny instead of starting a new Python for it (`_fork_nanny`)."""
-    from nbdist.cluster.launch.parent_watch import watch_parent
+    zygote) also forks its nanny instead of starting a new Python for it (`_fork_nanny`).
+    An engine started over ssh (no parent to watch) stops once its controller is gone."""
+    from nbdist.cluster.launch.parent_watch import NO_PARENT_FLAG, watch_parent
 
     forked = parent is not None
+    watched = forked or NO_PARENT_FLAG not in sys.argv
     if forked:
         _fork_nanny()  # before any thread or zmq context exists in this process
     watch_parent(parent=parent)
@@ -48,6 +51,10 @@ def run(parent: int | None = None) -> None:
     from nbdist.cluster.engine_side import guards, joining  # noqa: F401
 
     Engine = stop_noting_engine(IPEngine, busy=guards.running, exit_now=_exit_at_once)
+    if not watched:  # started over ssh: stop once the controller is gone instead
+        from nbdist.cluster.launch.controller_watch import watch_controller
+
+        watch_controller(lambda: _registration_url(Engine))
     try:
         Engine.launch_instance()
     except RuntimeError:
@@ -131,6 +138,13 @@ def _fork_nanny() -> None:
         return url, _Nanny(pid, reader)
 
     replace_nanny_starter(app, start_nanny)
+
+
+def _registration_url(engine_class: type) -> str | None:
+    """The controller's registration URL once ipyparallel's engine has read it, else None."""
+    if not engine_class.initialized():  # type: ignore[attr-defined]
+        return None
+    return engine_class.instance().registration_url or None  # type: ignore[attr-defined]
 
 
 def _exit_at_once() -> None:

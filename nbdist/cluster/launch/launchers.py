@@ -28,9 +28,12 @@ controller comes up, and ipyparallel's local launcher is replaced by `ZygoteEngi
 which asks the zygote to fork each engine (same command line, environment and log file). The
 controller is started first then: the launcher waits for the zygote's imports.
 
-The controller listens on 127.0.0.1 unless engines run on other machines. `options` are extra
-settings for the engine-set launcher (`remote_python`, `ssh_args`, `mpi_args`, `account`, ...),
-checked against its configurable traits. Imports ipyparallel only inside `ipyparallel_settings`.
+The controller listens on 127.0.0.1 unless engines run on other machines; then on one address
+of this machine, never on every interface: `launcher_options={"controller_ip": ADDRESS}`, or
+else the address the route to the first host leaves from, chosen when the cluster starts
+(`for_start`; the hosts need not resolve before). `options` are extra settings for the
+engine-set launcher (`remote_python`, `ssh_args`, `mpi_args`, `account`, ...), checked against
+its configurable traits. Imports ipyparallel only inside `ipyparallel_settings`.
 
 Example:
     >>> from nbdist.cluster.launch.plan import make_plan
@@ -44,6 +47,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import ipaddress
@@ -51,6 +55,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -64,7 +69,9 @@ from nbdist.cluster.launch.zygote import ENGINE_MODULE, zygote_wanted
 __all__ = [
     "CONTROLLER_MODULE",
     "ENGINE_MODULE",
+    "ROUTE_TO_HOSTS",
     "IpyparallelSettings",
+    "for_start",
     "ipyparallel_settings",
     "is_loopback",
     "probe_hosts",
@@ -79,6 +86,10 @@ ZYGOTE_LAUNCHER = "nbdist.cluster.launch.zygote_launcher.ZygoteEngineSetLauncher
 
 CONTROLLER_MODULE = "nbdist.cluster.launch._controller_main"
 """The module the controller runs (`python -m ...`)."""
+
+ROUTE_TO_HOSTS = "route-to-hosts"
+"""`IpyparallelSettings.controller_ip` until the cluster starts, when no address was given: the
+address of this machine on the route to the first host (`for_start`)."""
 
 _LAUNCHER_CLASSES = {
     "local": "LocalEngineSetLauncher",
@@ -170,7 +181,10 @@ def ipyparallel_settings(
         remote_hosts = not plan.hosts or not all(is_loopback(h) for h, _ in plan.hosts)
     else:
         remote_hosts = plan.hosts is not None and not all(is_loopback(h) for h, _ in plan.hosts)
-    controller_ip = "*" if remote_hosts else "127.0.0.1"
+    options = dict(options or {})
+    controller_ip = _given_address(options.pop("controller_ip", None))
+    if controller_ip is None:
+        controller_ip = ROUTE_TO_HOSTS if remote_hosts else "127.0.0.1"
     engine_cmd = [sys.executable, "-m", ENGINE_MODULE]
     engine_args: list[str] = []
     ssh_command: list[str] = []
@@ -239,6 +253,61 @@ def ipyparallel_settings(
         remote_python=engine_cmd[0],
         zygote=zygote,
     )
+
+
+def for_start(settings: IpyparallelSettings, plan: LaunchPlan) -> IpyparallelSettings:
+    """`settings` with the controller's address decided: the address of this machine on the
+    route to the first host that is not this one (`ROUTE_TO_HOSTS`); for Slurm without hosts,
+    the address this machine's name resolves to, else the one on its default route.
+
+    Raises:
+        ClusterStartError: no address of this machine reaches the hosts (the fix is named).
+    """
+    if settings.controller_ip != ROUTE_TO_HOSTS:
+        return settings
+    from nbdist.cluster.addresses import address_towards
+
+    remote = [host for host, _ in plan.hosts or () if not is_loopback(host)]
+    if remote:
+        chosen = address_towards(remote[0])
+        towards = f"the first host, {remote[0]!r}"
+    else:  # Slurm places the engines: this machine's own address on the cluster's network
+        chosen = None
+        with contextlib.suppress(OSError):
+            named = socket.gethostbyname(socket.gethostname())
+            chosen = None if named.startswith("127.") else named
+        chosen = chosen or address_towards("198.51.100.1")  # a route lookup; nothing is sent
+        towards = "the Slurm nodes"
+    if chosen is None or chosen.startswith("127."):
+        from nbdist.cluster.errors import ClusterStartError
+
+        raise ClusterStartError(
+            f"Cannot tell which address of this machine reaches {towards} (the name does not "
+            "resolve, or no route leads there), so the controller has no address to listen "
+            "on. Check the host name, or give the address the engines reach this machine at: "
+            "launcher_options={'controller_ip': '10.0.0.5'}."
+        )
+    kwargs = {**settings.cluster_kwargs, "controller_ip": chosen}
+    return dataclasses.replace(settings, cluster_kwargs=kwargs, controller_ip=chosen)
+
+
+def _given_address(value: Any) -> str | None:
+    """A `controller_ip` launcher option, checked: an IP address of this machine."""
+    if value is None:
+        return None
+    try:
+        address = str(ipaddress.ip_address(str(value)))
+    except ValueError:
+        address = None
+    if address is None or address in ("0.0.0.0", "::"):
+        from nbdist.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"launcher_options controller_ip={value!r} is not one IP address; give the address "
+            "of this machine that the engines reach, e.g. controller_ip='10.0.0.5' (every "
+            "interface, 0.0.0.0, is not allowed)."
+        )
+    return address
 
 
 def probe_hosts(

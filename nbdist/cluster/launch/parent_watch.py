@@ -27,7 +27,14 @@ import signal
 import threading
 import time
 
-__all__ = ["NO_PARENT_FLAG", "ORPHAN_EXIT_CODE", "PARENT_FLAG", "parent_flag", "watch_parent"]
+__all__ = [
+    "NO_PARENT_FLAG",
+    "ORPHAN_EXIT_CODE",
+    "PARENT_FLAG",
+    "parent_flag",
+    "stop_orphan",
+    "watch_parent",
+]
 
 ORPHAN_EXIT_CODE = 75
 """The exit status of a cluster process that stopped itself because its parent died."""
@@ -100,6 +107,13 @@ def _watch(parent: int, poll_s: float) -> None:
     # Polling: no portable notification tells a process that its parent has gone.
     while os.getppid() == parent:
         time.sleep(poll_s)
+    stop_orphan()
+
+
+def stop_orphan() -> None:
+    """Stop this process as one whose starter is gone: its children by pid, then SIGTERM to
+    itself (ipyparallel's handler), and exit with `ORPHAN_EXIT_CODE` if still here after the
+    grace period (its main thread blocked in C). Called from a watching thread."""
     _stop_children()
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(_GRACE_S)  # the main thread's handler stops the process within this, normally

@@ -125,7 +125,8 @@ def wait_for_registration(
         "--timeout S`) on a slow or busy machine"
         + (
             f", and check that hosts {[h for h, _ in plan.hosts]} can reach this machine "
-            "(the controller listens on all interfaces)."
+            "(the controller listens on one address of this machine: the one on the route "
+            "to the first host, or launcher_options={'controller_ip': ...})."
             if plan.hosts
             else "."
         ),
