@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from nbdist.testing.hosts import NOTEBOOK_HOST, HostCluster, HostSetupError, _stop_pids, alive
@@ -121,7 +121,7 @@ class SlurmCluster:
                 f"--pid-file={self.folder / 'munged.pid'}",
                 f"--seed-file={self.folder / 'munged.seed'}",
             ])  # fmt: skip
-            self._wait_for(lambda: self._socket.exists(), "munged's socket", "munged")
+            self._wait_for(self._socket.exists, "munged's socket")
             self._start("slurmctld", NOTEBOOK_HOST, [
                 _which("slurmctld"), "-D", "-i", "-f", str(self.conf),
             ])  # fmt: skip
@@ -129,7 +129,7 @@ class SlurmCluster:
                 self._start(f"slurmd.{node}", node, [
                     _which("slurmd"), "-D", "-N", node, "-f", str(self.conf),
                 ])  # fmt: skip
-            self._wait_for(self._all_idle, "every node to be idle", "slurmctld")
+            self._wait_for(self._all_idle, "every node to be idle")
         except BaseException:
             self.close()
             raise
@@ -236,7 +236,7 @@ class SlurmCluster:
         states = dict(line.split() for line in done.stdout.splitlines() if len(line.split()) == 2)
         return sorted(states) == sorted(self.nodes) and set(states.values()) == {"idle"}
 
-    def _wait_for(self, ready, what: str, daemon: str) -> None:  # noqa: ANN001 - a predicate
+    def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + _READY_S
         while not ready():
             if time.monotonic() > deadline:

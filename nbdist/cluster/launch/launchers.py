@@ -52,6 +52,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nbdist.cluster.launch import slurm_jobs
 from nbdist.cluster.launch._controller_main import START_ENGINES_FLAG
 from nbdist.cluster.launch.parent_watch import NO_PARENT_FLAG, parent_flag
 from nbdist.cluster.launch.plan import LaunchPlan
@@ -198,6 +199,11 @@ def ipyparallel_settings(
         section.mpi_args = _mpi_args(plan) + list((options or {}).get("mpi_args", []))
     elif plan.launcher == "slurm":
         section.batch_template = _slurm_template(plan, str((options or {}).get("options", "")))
+        # sbatch's complaints kept in the error, the job id read from its answer (slurm_jobs)
+        section.submit_command = list(slurm_jobs.SUBMIT_COMMAND)
+        section.delete_command = list(slurm_jobs.DELETE_COMMAND)
+        section.job_id_regexp = slurm_jobs.JOB_ID_REGEXP
+        section.job_id_regexp_group = 1
     section.engine_cmd = engine_cmd
     section.engine_args = engine_args
     for key, value in (options or {}).items():
@@ -254,6 +260,7 @@ def for_start(settings: IpyparallelSettings, plan: LaunchPlan) -> IpyparallelSet
         with contextlib.suppress(OSError):
             named = socket.gethostbyname(socket.gethostname())
             chosen = None if named.startswith("127.") else named
+        chosen = chosen or slurm_jobs.controller_route()  # the network slurmctld is on
         chosen = chosen or address_towards("198.51.100.1")  # a route lookup; nothing is sent
         towards = "the Slurm nodes"
     if chosen is None or chosen.startswith("127."):
