@@ -427,6 +427,11 @@ def _mpi_args(plan: LaunchPlan) -> list[str]:
         args.append("--oversubscribe")  # more engines than cores on this machine, as asked
     environment = dict(plan.engine_sets()[0][1])
     environment["MPLBACKEND"] = "Agg"  # set for every engine set by Cluster; forward it too
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # set by Cluster for every engine set
+        environment[key] = ""
+    # ipyparallel tells MPI engines their cluster by environment, not arguments: on other
+    # hosts mpiexec passes only the variables it is told to (Open MPI's -x)
+    environment["IPP_CLUSTER_ID"] = environment["IPP_PROFILE_DIR"] = ""
     if plan.hosts:
         if flavour == "mpich":
             args += ["-genvlist", ",".join(environment)]
