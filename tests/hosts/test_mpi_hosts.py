@@ -19,7 +19,7 @@ import pytest
 from nbdist.testing.host_kernel import HostKernel
 from nbdist.testing.hosts import HostCluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 START_S = 240.0
 NANNY_GONE_S = 5.0

@@ -23,7 +23,7 @@ from nbdist.testing.host_kernel import HostKernel
 from nbdist.testing.hosts import HostCluster
 from nbdist.testing.slurm import SlurmCluster, skip_reason, slurm_cluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 START_S = 240.0
 REFUSED_WITHIN_S = 30.0
