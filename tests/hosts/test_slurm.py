@@ -13,9 +13,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +28,9 @@ from nbdist.testing.slurm import SlurmCluster, skip_reason, slurm_cluster
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 START_S = 240.0
+STOPPED_WITHIN_S = 10.0
+"""After `%dist stop` (which returns once scancel has): the job is gone and so are the engines
+(0.8 s here)."""
 REFUSED_WITHIN_S = 30.0
 """A refused or never-running job is named well within the start timeout (START_S)."""
 
@@ -107,6 +112,35 @@ def test_slurm_cluster_resolver_inside_a_real_srun_step(slurm: SlurmCluster, tmp
     wait_until_no_jobs(slurm)
 
 
+def test_the_resolver_inside_a_batch_job_and_its_step(slurm: SlurmCluster, tmp_path):
+    # a 4-task batch job (2 per node): its batch script sees the job (2(x2)); a step of 1 task
+    # per node inside it sees the step (Slurm sets the step's variables there)
+    code = (
+        "import json, os, pathlib, sys\n"
+        "from nbdist.cluster_resolver import SlurmClusterResolver\n"
+        "r = SlurmClusterResolver(gpus_per_node=0)\n"
+        "seen = {'spec': r.cluster_spec().as_dict(), 'id': r.task_id,\n"
+        "    'per_node': os.environ['SLURM_TASKS_PER_NODE']}\n"
+        f"pathlib.Path({str(tmp_path)!r}, sys.argv[1] + os.environ['SLURM_PROCID'])"
+        ".write_text(json.dumps(seen))\n"
+    )
+    python = f"{sys.executable} -c {shlex.quote(code)}"
+    script = tmp_path.parent / f"{tmp_path.name}-job.sh"
+    script.write_text(f"#!/bin/sh\n{python} batch || exit 1\nexec srun -n2 {python} step\n")
+    done = slurm.run(["sbatch", "--wait", "-N2", "-n4", f"--output={script}.out", str(script)],
+                     timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, (done, Path(f"{script}.out").read_text(errors="replace"))
+    seen = {path.name: json.loads(path.read_text()) for path in tmp_path.iterdir()}
+    assert sorted(seen) == ["batch0", "step0", "step1"], seen
+    four = ["h1:8888", "h1:8889", "h2:8888", "h2:8889"]
+    assert seen["batch0"] == {"spec": {"worker": four}, "id": 0, "per_node": "2(x2)"}
+    for rank in (0, 1):
+        item = seen[f"step{rank}"]
+        assert item == {"spec": {"worker": ["h1:8888", "h2:8888"]}, "id": rank,
+                        "per_node": "1(x2)"}  # fmt: skip
+    wait_until_no_jobs(slurm)
+
+
 def test_start_submits_a_real_job_with_engines_on_the_nodes(
     hosts: HostCluster, slurm: SlurmCluster, kernel: HostKernel
 ):
@@ -163,11 +197,13 @@ def test_stop_ends_the_job_and_leaves_no_engine(
     hosts: HostCluster, slurm: SlurmCluster, kernel: HostKernel
 ):
     kernel.execute("%dist stop", timeout=120)
-    wait_until_no_jobs(slurm)
-    deadline = time.monotonic() + 30
+    stopped = time.monotonic()
+    wait_until_no_jobs(slurm, within=STOPPED_WITHIN_S)
+    deadline = stopped + STOPPED_WITHIN_S
     while engine_processes(hosts):
         assert time.monotonic() < deadline, engine_processes(hosts)
         time.sleep(0.2)  # polling for the engines' exits (bounded by the deadline)
+    print(f"\njob gone and engines exited {time.monotonic() - stopped:.1f} s after %dist stop")
 
 
 @pytest.mark.parametrize(
