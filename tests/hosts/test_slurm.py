@@ -52,6 +52,9 @@ def kernel(hosts: HostCluster, slurm: SlurmCluster, tmp_path_factory) -> Iterato
     env = {"IPYTHONDIR": str(folder / "ipython"), **slurm.env}
     with HostKernel(hosts, env=env) as k:
         k.execute("%load_ext nbdist")
+        # ipyparallel writes the batch script into the working folder
+        k.execute(f"import os; os.chdir({str(folder)!r})")
+        k.folder = folder  # type: ignore[attr-defined]
         k.execute("import torch, nbdist as nd\nfrom nbdist.magics.core import current_cluster")
         try:
             yield k
@@ -158,6 +161,10 @@ def test_start_submits_a_real_job_with_engines_on_the_nodes(
     assert hosts_of in (["h1", "h1", "h2", "h2"], ["h2", "h2", "h1", "h1"]), hosts_of
     assert len(engine_processes(hosts)) == 4
     assert [p for p in hosts.processes("nb") if "_engine_main" in p] == []
+    # the job's output goes to the profile's log folder, not slurm-JOBID.out in the cwd
+    script = kernel.execute("print(open('slurm_engine.sbatch').read())")["stdout"]
+    assert "#SBATCH --output=" in script and "/log/" in script, script
+    assert not list(kernel.folder.glob("slurm-*.out"))  # type: ignore[attr-defined]
 
 
 def test_strategy_run_and_training_on_the_allocated_nodes(kernel: HostKernel):

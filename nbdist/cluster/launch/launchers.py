@@ -12,7 +12,8 @@ torch
   and gives up on an unreachable host within the cluster's timeout (`ConnectTimeout`);
 - `mpi`: `mpiexec -n N`, with `--host h1:2,h2:2` for hosts (Open MPI's spelling; MPICH's
   `-hosts`), and Open MPI's `--allow-run-as-root` when running as root (containers);
-- `slurm`: one `sbatch` job of N tasks (`--nodelist`/`--ntasks-per-node` for hosts).
+- `slurm`: one `sbatch` job of N tasks (`--nodelist`/`--ntasks-per-node` for hosts), its
+  output in the profile's log folder (where start errors read it), not `slurm-JOBID.out`.
 
 Note [Schedulers in threads]: ipyparallel's controller runs its queues and schedulers (mux,
 control, iopub, the task scheduler and three broadcast schedulers) as processes of their own by
@@ -91,6 +92,7 @@ _LAUNCHER_CLASSES = {
 _SLURM_TEMPLATE = """#!/bin/sh
 #SBATCH --export=ALL
 #SBATCH --job-name=nbdist-{cluster_id}
+#SBATCH --output={output_file}
 #SBATCH --ntasks={n}
 """
 
