@@ -4,7 +4,8 @@
 notebook's host; Open MPI starts its daemons on h1 and h2 over ssh (`plm_rsh_agent`, with the
 cluster's key, passed as `mpi_args`) and they start the engines, which reach `nb` and each
 other only through the bridge. The tests share the cluster and run in order: start, the gloo
-group's all-reduce, stop (nothing left on any host).
+group's all-reduce, stop (nothing left on any host), then the same through `%dist start
+--launcher mpi --hosts h1:2,h2:2` and `%%distribute`.
 """
 
 from __future__ import annotations
@@ -89,3 +90,30 @@ def test_stop_leaves_nothing_on_any_host(hosts: HostCluster, kernel: HostKernel)
         time.sleep(0.1)  # polling the hosts' processes (bounded by the deadline)
     on_nb = hosts.processes("nb")
     assert len(on_nb) == 2 and all("host_kernel" in p or "ipykernel" in p for p in on_nb), on_nb
+
+
+def test_dist_start_launcher_mpi_from_the_magic(hosts: HostCluster, kernel: HostKernel):
+    agent = f"ssh -F {hosts.ssh_config}"
+    kernel.execute("%load_ext nbdist")
+    kernel.execute(
+        f"%dist start --launcher mpi --hosts h1:2,h2:2 --timeout {START_S:g} "
+        f"--launcher-option \"mpi_args=['--mca', 'plm_rsh_agent', '{agent}']\"",
+        timeout=START_S + 60,
+    )
+    try:
+        reply = kernel.execute(
+            "%%distribute\n"
+            "import socket, torch.distributed as dist\n"
+            "t = torch.tensor([10.0 * (dist.get_rank() + 1)])\n"
+            "dist.all_reduce(t)\n"
+            "print('sum', t.item(), socket.gethostname())\n"
+        )
+        lines = sorted(line for line in reply["stdout"].splitlines() if "sum" in line)
+        assert len(lines) == 4 and all("sum 100.0" in line for line in lines), reply["stdout"]
+        assert sum(line.endswith("h1") for line in lines) == 2, lines
+    finally:
+        kernel.execute("%dist stop", timeout=120)
+    deadline = time.monotonic() + NANNY_GONE_S
+    while any(hosts.processes(name) for name in ("h1", "h2")):
+        assert time.monotonic() < deadline, {n: hosts.processes(n) for n in ("h1", "h2")}
+        time.sleep(0.1)  # polling the hosts' processes (bounded by the deadline)
