@@ -33,6 +33,7 @@ from nbdist.cluster.launch.launchers import (
     probe_hosts,
 )
 from nbdist.cluster.launch.lockdown import private_dirs, private_files
+from nbdist.cluster.launch.slurm_jobs import JobWatch
 from nbdist.cluster.launch.startup import (
     launch_failure,
     probe_timeout,
@@ -195,7 +196,10 @@ class BringUp:
         clock.stage("connected to the controller")
         private_files(ipp.profile_dir, ipp.cluster_id)
         greeter = Greeter(client, controller_address(settings, client)) if greet else None
-        wait_for_registration(ipp, client, plan, deadline, clock.stage, on_registered=greeter)
+        watch = JobWatch(ipp.engines.values()).check if plan.launcher == "slurm" else None
+        wait_for_registration(
+            ipp, client, plan, deadline, clock.stage, on_registered=greeter, job_problem=watch
+        )
         self._record_processes()
         self._greeter = greeter
 

@@ -139,6 +139,9 @@ def test_mpi_settings_name_the_hosts():
     assert "node1:2,node2:2" in args
     assert args[args.index("node1:2,node2:2") - 1] in ("--host", "-hosts")
     assert "CUDA_VISIBLE_DEVICES" in args  # forwarded to the other hosts: gpus='none'
+    # ipyparallel names the cluster to MPI engines by environment only: forwarded too
+    if "-x" in args:
+        assert {"IPP_CLUSTER_ID", "IPP_PROFILE_DIR"} <= set(args)
 
 
 # -- local -------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ torch
   and gives up on an unreachable host within the cluster's timeout (`ConnectTimeout`);
 - `mpi`: `mpiexec -n N`, with `--host h1:2,h2:2` for hosts (Open MPI's spelling; MPICH's
   `-hosts`), and Open MPI's `--allow-run-as-root` when running as root (containers);
-- `slurm`: one `sbatch` job of N tasks (`--nodelist`/`--ntasks-per-node` for hosts).
+- `slurm`: one `sbatch` job of N tasks (`--nodelist`/`--ntasks-per-node` for hosts), its
+  output in the profile's log folder (where start errors read it), not `slurm-JOBID.out`.
 
 Note [Schedulers in threads]: ipyparallel's controller runs its queues and schedulers (mux,
 control, iopub, the task scheduler and three broadcast schedulers) as processes of their own by
@@ -61,6 +62,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nbdist.cluster.launch import slurm_jobs
 from nbdist.cluster.launch._controller_main import START_ENGINES_FLAG
 from nbdist.cluster.launch.parent_watch import NO_PARENT_FLAG, parent_flag
 from nbdist.cluster.launch.plan import LaunchPlan
@@ -101,6 +103,7 @@ _LAUNCHER_CLASSES = {
 _SLURM_TEMPLATE = """#!/bin/sh
 #SBATCH --export=ALL
 #SBATCH --job-name=nbdist-{cluster_id}
+#SBATCH --output={output_file}
 #SBATCH --ntasks={n}
 """
 
@@ -212,6 +215,11 @@ def ipyparallel_settings(
         section.mpi_args = _mpi_args(plan) + list((options or {}).get("mpi_args", []))
     elif plan.launcher == "slurm":
         section.batch_template = _slurm_template(plan, str((options or {}).get("options", "")))
+        # sbatch's complaints kept in the error, the job id read from its answer (slurm_jobs)
+        section.submit_command = list(slurm_jobs.SUBMIT_COMMAND)
+        section.delete_command = list(slurm_jobs.DELETE_COMMAND)
+        section.job_id_regexp = slurm_jobs.JOB_ID_REGEXP
+        section.job_id_regexp_group = 1
     section.engine_cmd = engine_cmd
     section.engine_args = engine_args
     for key, value in (options or {}).items():
@@ -276,6 +284,7 @@ def for_start(settings: IpyparallelSettings, plan: LaunchPlan) -> IpyparallelSet
         with contextlib.suppress(OSError):
             named = socket.gethostbyname(socket.gethostname())
             chosen = None if named.startswith("127.") else named
+        chosen = chosen or slurm_jobs.controller_route()  # the network slurmctld is on
         chosen = chosen or address_towards("198.51.100.1")  # a route lookup; nothing is sent
         towards = "the Slurm nodes"
     if chosen is None or chosen.startswith("127."):
@@ -442,6 +451,11 @@ def _mpi_args(plan: LaunchPlan) -> list[str]:
         args.append("--oversubscribe")  # more engines than cores on this machine, as asked
     environment = dict(plan.engine_sets()[0][1])
     environment["MPLBACKEND"] = "Agg"  # set for every engine set by Cluster; forward it too
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # set by Cluster for every engine set
+        environment[key] = ""
+    # ipyparallel tells MPI engines their cluster by environment, not arguments: on other
+    # hosts mpiexec passes only the variables it is told to (Open MPI's -x)
+    environment["IPP_CLUSTER_ID"] = environment["IPP_PROFILE_DIR"] = ""
     if plan.hosts:
         if flavour == "mpich":
             args += ["-genvlist", ",".join(environment)]

@@ -72,6 +72,7 @@ def wait_for_registration(
     deadline: float,
     progress: Callable[[str], None],
     on_registered: Callable[[list[int]], None] | None = None,
+    job_problem: Callable[[], str | None] | None = None,
 ) -> None:
     """Wait until `plan.n` engines have registered; fail at once when an engine process exits.
 
@@ -80,10 +81,12 @@ def wait_for_registration(
     from that thread having ended. `progress` hears every count ("1/2 engines registered",
     then "2/2 ..."), even when several engines registered between two looks;
     `on_registered` gets the ids of the engines registered so far at each look that found
-    a new one.
+    a new one. `job_problem` (a batch system's look at the engines' job, e.g.
+    `slurm_jobs.JobWatch.check`) is a message when the job will never run the engines.
 
     Raises:
-        ClusterStartError: an engine process exited before registering.
+        ClusterStartError: an engine process exited before registering, or `job_problem`
+            said the job will not run them.
         EngineTimeoutError: not every engine registered before `deadline`.
     """
     launchers = []
@@ -114,6 +117,9 @@ def wait_for_registration(
             if exited and not waiting.done():
                 names = ", ".join(str(getattr(x, "identifier", "?")) for x in exited)
                 raise engines_exited(plan, names, len(client.ids)) from None
+            problem = job_problem() if job_problem is not None and not waiting.done() else None
+            if problem and len(client.ids) < plan.n:
+                raise ClusterStartError(problem) from None
             if waiting.done() or time.monotonic() >= deadline:
                 if len(client.ids) >= plan.n:  # the last one registered just now
                     say_new()
@@ -210,6 +216,10 @@ def launch_failure(plan: LaunchPlan, error: BaseException) -> str:
             "ssh-agent or ~/.ssh/config); pass ssh options with "
             "launcher_options={'ssh_args': [...]}."
         )
+    if plan.launcher == "slurm":
+        from nbdist.cluster.launch.slurm_jobs import refusal
+
+        return refusal(error)
     return f"ipyparallel's {plan.launcher} launcher could not start the engines: {detail}"
 
 
