@@ -154,7 +154,7 @@ def controller_route() -> str | None:
     match = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", done.stdout, re.M)
     if match is None:
         return None
-    from nbdist.cluster.launch.addresses import address_towards
+    from nbdist.cluster.addresses import address_towards
 
     for target in (match.group(2), match.group(1)):
         if target:
