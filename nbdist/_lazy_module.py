@@ -9,9 +9,16 @@ Example:
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Any
 
 __all__ = ["LazyModule"]
+
+_IMPORTING = threading.RLock()
+"""Held while a `LazyModule` imports. torch's import is not safe from two threads at once
+(measured: a thread importing torch while another unpickled a tensor failed with `RuntimeError:
+generic_type: cannot initialize type "RpcBackendOptions"`), so nbdist's own first uses, from
+whichever thread (a stack sampler, a dashboard), import one at a time."""
 
 
 class LazyModule:
@@ -32,7 +39,8 @@ class LazyModule:
     def __getattr__(self, attribute: str) -> Any:
         if attribute.startswith("_LazyModule__"):  # before `__init__` ran (copy, pickle)
             raise AttributeError(attribute)
-        value = getattr(importlib.import_module(self.__name), attribute)
+        with _IMPORTING:  # one thread imports: two importing torch at once can break it
+            value = getattr(importlib.import_module(self.__name), attribute)
         setattr(self, attribute, value)  # later reads find it without calling `__getattr__`
         return value
 
