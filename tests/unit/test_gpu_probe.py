@@ -27,8 +27,11 @@ def test_the_visible_gpus_are_the_ones_torch_counts(monkeypatch):
         ("2,0", 3, ("2", "0")),
         ("", 3, ()),
         ("0,7,1", 3, ("0",)),  # CUDA stops at the first index that is not a GPU
-        ("1,1", 3, ("1",)),  # and at a repeated one
-        ("GPU-8e5c, 0", 3, ("GPU-8e5c", "0")),
+        ("1,-1,0", 3, ("1",)),  # and at a negative one
+        ("1,0,1", 3, ()),  # a repeated one hides every GPU
+        (" 1 , 2gpu", 3, ("1", "2")),  # the leading number of each entry
+        ("GPU-8e5c,GPU-77aa,0", 3, ("GPU-8e5c", "GPU-77aa")),
+        ("MIG-1,MIG-1", 3, ()),
         ("-1,0", 3, ()),
         (None, 0, ()),
     ],

@@ -9,7 +9,7 @@ Where neither settles it (a ROCm build of torch), torch is asked as before.
 Example:
     >>> visible_entries("1,0", 2)
     ('1', '0')
-    >>> visible_entries("0,5,1", 2)      # CUDA stops at the first invalid entry
+    >>> visible_entries("0,5,1", 2)      # CUDA stops at the first index past the last GPU
     ('0',)
     >>> visible_entries("", 2)
     ()
@@ -67,19 +67,31 @@ def nvml_device_count() -> int | None:
 
 
 def visible_entries(visible: str | None, count: int) -> tuple[str, ...]:
-    """The entries of `CUDA_VISIBLE_DEVICES` (`visible`; None: unset) that CUDA honours on a
-    machine with `count` GPUs: all of them in order when unset; else the entries up to the
-    first that is not a GPU (an index out of range, repeated, or not a number or UUID)."""
+    """The entries of `CUDA_VISIBLE_DEVICES` (`visible`; None: unset) naming the GPUs CUDA
+    shows on a machine with `count` GPUs, read by torch's rules (`torch.cuda.device_count`
+    with NVML): unset, every GPU; a list of UUIDs (`GPU-...`, `MIG-...`) up to the first entry
+    without that prefix; else indices, each the leading number of its entry, up to the first
+    negative or missing one or the first index past the last GPU. A repeated entry hides
+    every GPU."""
     if visible is None:
         return tuple(str(i) for i in range(count))
     chosen: list[str] = []
+    prefix = next((p for p in ("GPU-", "MIG-") if visible.startswith(p)), None)
     for raw in visible.split(","):
-        entry = raw.strip()
-        if entry.isdecimal():
-            if int(entry) >= count or entry in chosen:
+        if prefix is not None:
+            entry = raw
+            if entry in chosen:
+                return ()
+            if not entry.startswith(prefix):
                 break
-        elif not entry.startswith(("GPU-", "MIG-")) or entry in chosen:
-            break
+        else:
+            digits = re.match(r"[+-]?\d+", raw.strip())
+            index = int(digits.group()) if digits else -1
+            entry = str(index)
+            if entry in chosen:
+                return ()
+            if index < 0 or index >= count:
+                break
         chosen.append(entry)
     return tuple(chosen[:count])
 
