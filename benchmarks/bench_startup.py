@@ -253,14 +253,45 @@ _NBDIST_NO_SPARE = _NBDIST.replace(
 )
 
 
+WARM = "nbdist, %dist warm on"
+"""The side whose notebook ran `%load_ext nbdist` and `%dist warm on` earlier, and waited for
+the warm zygote's imports to end: what a later `%dist start` costs (its `%load_ext` is then
+nothing)."""
+
+_NBDIST_WARM = _NBDIST.replace(
+    "cpu_before = _own_cpu()",
+    "shell.run_line_magic('load_ext', 'nbdist')\n"
+    "with contextlib.redirect_stdout(io.StringIO()):\n"
+    "    shell.run_line_magic('dist', 'warm on')\n"
+    "import psutil\n"
+    "from nbdist.cluster.launch.zygote import warm_zygote\n"
+    "_warm = psutil.Process(warm_zygote().pid)\n"
+    "_used, _until = -1.0, time.monotonic() + 120\n"
+    "while time.monotonic() < _until:  # its imports are done when its CPU time stops growing\n"
+    "    _times = _warm.cpu_times()\n"
+    "    if _times.user + _times.system == _used:\n"
+    "        break\n"
+    "    _used = _times.user + _times.system\n"
+    "    time.sleep(0.5)\n"
+    "cpu_before = _own_cpu()",
+    1,
+)
+
+
 def _side_by_side(
-    trials: int, jd: str | None, baseline: bool = False, no_spare: bool = False
+    trials: int,
+    jd: str | None,
+    baseline: bool = False,
+    no_spare: bool = False,
+    warm: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {"nbdist": [], "ipyparallel": []}
     if baseline:
         runs[NO_ZYGOTE] = []
     if no_spare:
         runs[NO_SPARE] = []
+    if warm:
+        runs[WARM] = []
     if jd:
         runs["jupyter-distributed"] = []
     for trial in range(trials):
@@ -274,6 +305,8 @@ def _side_by_side(
                 result = _run(sys.executable, _NBDIST, "2", "1", zygote=False)
             elif side == NO_SPARE:
                 result = _run(sys.executable, _NBDIST_NO_SPARE, "2", "1")
+            elif side == WARM:
+                result = _run(sys.executable, _NBDIST_WARM, "2", "1")
             elif side == "ipyparallel":
                 result = _run(sys.executable, _IPYPARALLEL)
             else:
@@ -339,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also a side whose zygote starts after the notebook's imports, not before them",
     )
+    parser.add_argument(
+        "--warm-too",
+        action="store_true",
+        help="also a side that starts from a warm zygote (`%%dist warm on` earlier)",
+    )
     args = parser.parse_args(argv)
     trials = 2 if args.quick else args.trials
     curve = [1, 2] if args.quick else [int(n) for n in args.curve.split(",")]
@@ -349,11 +387,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n1. side by side (fresh process each, to a first trivial cell done)", flush=True)
     baseline = not args.no_baseline
-    runs = _side_by_side(trials, jd, baseline, args.no_spare_too)
+    runs = _side_by_side(trials, jd, baseline, args.no_spare_too, args.warm_too)
     headers = ["", "start to ready", "to first cell done", "load (1 min)", "trials"]
     print(table(headers, _summary(runs)))
     nbdist_runs = runs["nbdist"]
-    for side in [side for side in ("nbdist", NO_ZYGOTE, NO_SPARE) if side in runs]:
+    for side in [side for side in ("nbdist", NO_ZYGOTE, NO_SPARE, WARM) if side in runs]:
         print(
             f"{side}: %load_ext {median([r['load_ext'] for r in runs[side]]) * 1e3:.0f} ms; "
             f"%dist start -n 2: {median([r['start'] for r in runs[side]]):.2f} s; cluster "
@@ -372,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n2. nbdist's start, stage by stage (medians)")
     stage_rows, stages = _stage_table(nbdist_runs)
     print(table(["stage", "took", "at"], stage_rows))
+    if WARM in runs:
+        print(f"\n   the same with {WARM} (the zygote's imports done before)")
+        print(table(["stage", "took", "at"], _stage_table(runs[WARM])[0]))
     baseline_stages = None
     if baseline:
         print(f"\n   the same with {NO_ZYGOTE} (every engine imports torch itself)")
@@ -426,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
               note="the issue's target on a quiet 2-core machine"),
         check("CPU of a 2-engine cluster's start", median([r["cluster_cpu"] for r in nbdist_runs]),
               "<=", 7.0, unit=" s", note="9.3-11.7 s with Dynamo and torch imported everywhere"),
+        check("the notebook's own CPU for %load_ext + %dist start -n 2",
+              median([r["notebook_cpu"] for r in nbdist_runs]), "<=", 1.0, unit=" s",
+              note="about 0.4 s; 1.4-1.6 s when the notebook imported torch to start"),
         check("heavy modules the controller imports", float(len(guard["controller"])), "<=", 0,
               unit="", note=f"{guard['controller']}"),
         check("engines import torch._dynamo", float(guard["engine_dynamo"]), "<=", 0, unit=""),

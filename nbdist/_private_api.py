@@ -3,7 +3,10 @@ place, each with why no public mechanism does the job.
 
 An upgrade that removes or changes one of these breaks `tests/unit/test_private_api.py`, which
 names it (`PRIVATE_NAMES`), instead of breaking a user's training somewhere far away. Imports
-only torch and the standard library (never ipyparallel: the core imports this module).
+only the standard library when imported (never ipyparallel: the core imports this module), and
+torch at the first use of a name that needs it (`pytree` is a stand-in that imports
+`torch.utils._pytree` at its first attribute), so the notebook's `Cluster.start()` never waits
+for torch.
 
 Example:
     >>> import torch
@@ -21,18 +24,19 @@ import inspect
 import sys
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-from torch.utils import _pytree as pytree
+from nbdist._lazy_module import LazyModule
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FOREACH_OPS",
     "PRIVATE_NAMES",
     "c10d_file",
     "client_location",
-    "dynamo_frame_hook",
+    "dynamo_frame_hook",  # noqa: F822 (made by `__getattr__`)
     "foreach",
     "gloo_options",
     "launcher_has_exited",
@@ -95,6 +99,10 @@ PRIVATE_NAMES: dict[str, str] = {
 }
 
 
+pytree: Any = LazyModule("torch.utils._pytree")
+"""`torch.utils._pytree`, imported at its first use."""
+
+
 def tensor_version(tensor: torch.Tensor) -> int:
     """`tensor._version`: how many in-place writes the tensor (or a view of it) has seen."""
     return tensor._version  # noqa: SLF001
@@ -104,6 +112,8 @@ def gloo_options(timeout: datetime.timedelta, loopback: bool) -> Any:
     """`ProcessGroupGloo._Options` for a group made with `dist.ProcessGroupGloo(store, rank,
     size, options)`: `timeout` for its collectives, on the loopback device (`loopback`, for a
     peer on 127.0.0.1) or the host's default one."""
+    import torch.distributed as dist
+
     gloo = dist.ProcessGroupGloo
     options = gloo._Options()  # noqa: SLF001
     options._timeout = timeout  # noqa: SLF001
@@ -131,6 +141,8 @@ def show_elapsed_and_rate(bar: Any, elapsed: float) -> None:
 
 def queue_backward_callback(callback: Callable[[], None]) -> None:
     """Run `callback` once the current backward pass has finished (call during backward)."""
+    import torch
+
     variable = torch.autograd.Variable
     engine = variable._execution_engine  # type: ignore[attr-defined]  # noqa: SLF001
     engine.queue_callback(callback)
@@ -146,20 +158,32 @@ def c10d_file() -> str:
 
     Found from the function itself, not a hard-coded path, so a moved module is followed.
     """
+    import torch.distributed as dist
+
     return inspect.unwrap(dist.all_reduce).__code__.co_filename
 
 
-_eval_frame = torch._C._dynamo.eval_frame  # noqa: SLF001
-dynamo_frame_hook: Callable[[], Any] = _eval_frame.get_eval_frame_callback
-"""`dynamo_frame_hook()` is None in plain eager code, where `torch.compiler.disable` has nothing
-to disable, and not None while Dynamo intercepts Python frames (inside a `torch.compile`d
-function, even in its eager parts between graphs). A C function on purpose: called from a frame
-Dynamo skips, a Python helper would itself be a frame Dynamo traces.
+def __getattr__(name: str) -> Any:
+    """PEP 562: the names that need torch to exist, made at their first import.
 
-Example:
-    >>> dynamo_frame_hook() is None
-    True
-"""
+    `dynamo_frame_hook()` is None in plain eager code, where `torch.compiler.disable` has
+    nothing to disable, and not None while Dynamo intercepts Python frames (inside a
+    `torch.compile`d function, even in its eager parts between graphs). A C function on
+    purpose: called from a frame Dynamo skips, a Python helper would itself be a frame Dynamo
+    traces.
+
+    Example:
+        >>> from nbdist._private_api import dynamo_frame_hook
+        >>> dynamo_frame_hook() is None
+        True
+    """
+    if name == "dynamo_frame_hook":
+        import torch
+
+        hook = torch._C._dynamo.eval_frame.get_eval_frame_callback  # noqa: SLF001
+        globals()[name] = hook
+        return hook
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def skipped_by_dynamo_like(wrapper: Callable[..., Any], disabled: Callable[..., Any]) -> None:
@@ -236,6 +260,8 @@ class _Foreach:
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name not in FOREACH_OPS:
             raise AttributeError(f"nbdist uses no torch._foreach_{name}; add it to FOREACH_OPS")
+        import torch
+
         op = getattr(torch, f"_foreach_{name}")
         setattr(self, name, op)  # later reads find it without calling `__getattr__`
         return op

@@ -145,7 +145,7 @@ class BringUp:
         plan = self.plan
         settings: IpyparallelSettings = self._settings
         clock = self._clock
-        clock.stage("imports done (nbdist, torch, ipyparallel)")
+        clock.stage("imports done (nbdist, ipyparallel; torch waits for first use)")
         if plan.launcher == "ssh" and plan.hosts:
             try:
                 probe_hosts(

@@ -31,7 +31,6 @@ from nbdist.core.reduce.placement import Placement, SingleWorker
 from nbdist.core.values import DistributedValues, PerReplica
 from nbdist.errors import ArgumentTypeError, ContextError, InvalidArgumentError
 from nbdist.input.errors import StepsExhaustedError
-from nbdist.strategies.base import check_run_options
 
 if TYPE_CHECKING:
     from nbdist.cluster.handle import ClusterHandle
@@ -105,7 +104,10 @@ class EngineStrategy:
         """
         if not callable(fn):
             raise ArgumentTypeError(f"strategy.run needs a function to call, got {fn!r}.")
-        check_run_options(options)
+        if options is not None:  # the in-process strategies' check (imports them: torch)
+            from nbdist.strategies.base import check_run_options
+
+            check_run_options(options)
         kwargs = dict(kwargs or {})
         n = self.num_replicas_in_sync
         if _has_distributed((args, kwargs)):

@@ -23,7 +23,6 @@ from typing import Any
 from nbdist.cluster.engines import Cluster
 from nbdist.cluster.errors import EngineTimeoutError
 from nbdist.cluster.launch.startup import wait_all
-from nbdist.cluster.ps_dispatch import EngineChannel
 from nbdist.cluster.status import EngineInfo
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
 
@@ -151,6 +150,8 @@ class PSCluster(Cluster, strategy="parameter_server"):
             variable_partitioner=self.variable_partitioner,
         )
         strategy.timeout = plan.collective_timeout
+        from nbdist.cluster.ps_dispatch import EngineChannel  # the PS strategy: torch
+
         strategy.worker_channels = [
             EngineChannel(self._client, eid, f"/job:worker/task:{i}")
             for i, eid in enumerate(workers)
@@ -208,6 +209,8 @@ class PSCluster(Cluster, strategy="parameter_server"):
         )
         self._engines = tuple(engines)
         self._record_processes()
+        from nbdist.cluster.ps_dispatch import EngineChannel
+
         self._ps_strategy.worker_channels[index] = EngineChannel(
             self._client, eid, f"/job:worker/task:{index}"
         )

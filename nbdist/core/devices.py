@@ -9,10 +9,15 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-
+from nbdist._lazy_module import LazyModule
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")  # imported at first use: not on `Cluster.start()`'s path
 
 __all__ = ["canonical_device", "canonical_devices", "default_devices", "physical_device"]
 

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from nbdist._lazy_module import LazyModule
 from nbdist._private_api import pytree
 from nbdist.core.context import current_replica_context
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")  # imported at first use: not on `Cluster.start()`'s path
 
 __all__ = [
     "DistributedValues",
@@ -286,7 +290,9 @@ def select_replica(
     return pytree.tree_map(pick, structure, is_leaf=lambda v: isinstance(v, DistributedValues))
 
 
-_PLAIN_LEAVES = frozenset({torch.Tensor, int, float, bool, str, type(None)})
+# Not torch.Tensor, whose import this module does not wait for: a tensor costs one dict lookup
+# and one isinstance more in `pick_replica`'s loop, no Python call.
+_PLAIN_LEAVES = frozenset({int, float, bool, str, type(None)})
 # Besides registered node types: namedtuples and other tuple subclasses are nodes of the walk.
 _MAY_HOLD_DISTRIBUTED = (DistributedValues, tuple)
 

@@ -88,12 +88,13 @@ def test_dist_start_says_starting_before_any_slow_import_and_its_total_is_the_wa
         try:
             shell.run_cell("%load_ext nbdist\\n%dist start -n 2", store_history=False)
             wall = time.perf_counter() - begin
+            torch_after = "torch" in sys.modules  # the group joined, `strategy` ready
             report = shell.user_ns["cluster"].start_report()
         finally:
             sys.stdout = real
             shell.run_line_magic("dist", "stop")
         print(json.dumps({"first": out.first_seen, "output": out.getvalue(), "wall": wall,
-                          "total": report.total,
+                          "total": report.total, "torch_after": torch_after,
                           "stages": [s.name for s in report.stages]}))
         """
     )
@@ -118,6 +119,7 @@ def test_dist_start_says_starting_before_any_slow_import_and_its_total_is_the_wa
     for name in seen["stages"]:  # every stage was printed, in order, with its time
         assert any(line.strip().endswith(name) for line in lines), (name, seen["output"])
     assert "1/2 engines registered" in seen["stages"]
+    assert seen["torch_after"] is False  # the notebook imports torch at first use, not to start
 
 
 @interactive

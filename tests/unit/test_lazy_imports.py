@@ -127,3 +127,45 @@ def test_the_controller_process_imports_no_torch():
         """
     )
     assert seen == {"heavy": [], "remote": "nbdist.cluster.refs"}
+
+
+def test_the_notebooks_start_path_imports_no_torch():
+    """Everything `Cluster.start()` and `%dist start` import in the notebook, and planning a
+    start (which counts the GPUs), leave torch unimported: torch's import (about 1.5 s of CPU)
+    used to compete with the engine zygote's for the cores. The lazily imported names still
+    resolve to the real things."""
+    seen = _run(
+        """
+        import json, sys
+        import nbdist.cluster.engines, nbdist.cluster.ps_cluster, nbdist.magics.core
+        import nbdist.cluster.bringup
+        from nbdist.input.errors import StepsExhaustedError
+        from nbdist.cluster.launch.plan import local_gpu_ids, make_plan
+        from nbdist._private_api import pytree
+        plan = make_plan(n=2)
+        heavy = [m for m in ("torch",) if m in sys.modules]
+        import nbdist.input
+        leaves, _ = pytree.tree_flatten({"a": (1, [2])})
+        print(json.dumps({
+            "heavy": heavy,
+            "gpus": list(local_gpu_ids()),
+            "engines": plan.n,
+            "dataset": nbdist.input.DistributedDataset.__module__,
+            "leaves": leaves,
+            "after": "torch" in sys.modules,
+        }))
+        """
+    )
+    import torch
+
+    expected_gpus = (
+        [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
+    assert seen == {
+        "heavy": [],
+        "gpus": expected_gpus,
+        "engines": 2,
+        "dataset": "nbdist.input.dataset",
+        "leaves": [1, 2],
+        "after": True,
+    }

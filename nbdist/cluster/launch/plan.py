@@ -135,9 +135,15 @@ def local_gpu_ids() -> tuple[str, ...]:
 
     Returns what each engine's `CUDA_VISIBLE_DEVICES` must be set to for it to see that GPU
     alone: `("0", "1")` on a 2-GPU machine; `("2", "3")` when `CUDA_VISIBLE_DEVICES=2,3`.
-    Asks torch how many devices there are (no CUDA context is created).
+    Counts them without importing torch where it can (`gpu_probe`: the driver's NVML and
+    torch's build metadata), so that planning a start does not wait for torch's import.
     """
-    import torch
+    from nbdist.cluster.launch.gpu_probe import visible_gpu_ids
+
+    probed = visible_gpu_ids()
+    if probed is not None:
+        return probed
+    import torch  # a ROCm build: only torch can count its GPUs
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not count:

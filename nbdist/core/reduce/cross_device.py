@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
+from nbdist._lazy_module import LazyModule
 from nbdist._private_api import foreach
 from nbdist.core.devices import canonical_devices, physical_device
 from nbdist.core.reduce.op import ReduceOp, as_reducible, refuse_bool
 from nbdist.core.reduce.options import CommunicationOptions
 from nbdist.core.values import DistributedValues, Mirrored
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")  # imported at first use: not on `Cluster.start()`'s path
 
 __all__ = [
     "CrossDeviceOps",

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-import torch
-
+from nbdist._lazy_module import LazyModule
 from nbdist.core.names import member_by_name
 from nbdist.errors import ArgumentTypeError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")  # imported at first use: not on `Cluster.start()`'s path
 
 __all__ = ["ReduceOp", "as_reducible", "refuse_bool"]
 

@@ -16,13 +16,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
-
+from nbdist._lazy_module import LazyModule
 from nbdist.core.reduce.cross_device import CrossDeviceOps, ReductionToOneDevice
 from nbdist.core.reduce.op import ReduceOp
 from nbdist.core.reduce.options import CommunicationOptions
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")  # imported at first use: not on `Cluster.start()`'s path
 
 __all__ = ["Placement", "SingleWorker", "WorkerCommunication"]
 
