@@ -386,9 +386,9 @@ def _bind_address() -> str:
 
 
 def _user_frame(frame: FrameType) -> bool:
-    from nbdist.cluster.engine_side.failures import _user_file
+    from nbdist.cluster.engine_side.user_code import is_user_file
 
-    return _user_file(frame.f_code.co_filename)
+    return is_user_file(frame.f_code.co_filename)
 
 
 def _user_traceback(tb: TracebackType) -> TracebackType:

@@ -22,6 +22,7 @@ from typing import Any
 
 from nbdist.cluster import _wire
 from nbdist.cluster.engine_side import state
+from nbdist.cluster.engine_side.user_code import is_user_file
 
 __all__ = ["failure_reply", "user_traceback", "where"]
 
@@ -60,15 +61,10 @@ def user_traceback(error: BaseException) -> str:
     frames = [
         frame
         for frame in traceback_module.extract_tb(error.__traceback__)
-        if _user_file(frame.filename)
+        if is_user_file(frame.filename)
     ]
     text = "".join(traceback_module.format_list(frames))
     return f"Traceback (most recent call last):\n{text}" if text else ""
-
-
-def _user_file(filename: str) -> bool:
-    seps = (os.sep + "torch" + os.sep, os.sep + "IPython" + os.sep, os.sep + "ipykernel" + os.sep)
-    return not _wire.cut_from_tracebacks(filename) and not any(part in filename for part in seps)
 
 
 def _collective(reply: dict[str, Any]) -> str:

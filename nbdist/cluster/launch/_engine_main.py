@@ -101,7 +101,7 @@ def _fork_nanny() -> None:
             os.close(settings_write)
             os.close(url_read)
             os.setsid()  # as ipyparallel starts it: signals to the engine's group skip it
-            from nbdist.cluster.launch._zygote_main import name_process
+            from nbdist.cluster.launch.process_name import name_process
 
             name_process(b"nbdist-nanny")
             signal.signal(signal.SIGINT, signal.SIG_IGN)

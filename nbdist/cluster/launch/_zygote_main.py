@@ -54,6 +54,8 @@ import time
 import traceback
 from typing import Any, NoReturn
 
+from nbdist.cluster.launch.process_name import name_process
+
 _POLL_S = 0.5  # how often the zygote looks at its parent while nothing else happens
 _GRACE_S = 3.0  # seconds engines get to exit after SIGTERM when the zygote stops
 _REQUEST_TIMEOUT_S = 10.0
@@ -188,15 +190,6 @@ def _become_engine(request: dict[str, Any]) -> None:
     sys.argv = [args[0], *(a for a in rest if not a.startswith(PARENT_FLAG))]
     _reseed()
     name_process(b"nbdist-engine")
-
-
-def name_process(name: bytes) -> None:
-    """Name this process `name` for `top`, `ps -o comm` and psutil's `name()` (a fork keeps
-    the zygote's command line, which `ps` still shows)."""
-    with contextlib.suppress(Exception):  # not glibc: the name stays the zygote's
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
 
 
 def _reseed() -> None:
