@@ -77,10 +77,13 @@ def test_notebook_05_runs_its_cells_against_two_hosts(
     parameters[0].source = f"ENGINES = {engine_options(hosts, 'h1:1,h2:1', tmp_path)!r}"
     replies = {}
     for cell in code:
-        replies[cell.source] = kernel.execute(cell.source, timeout=START_S + 60)
-        if cell.source.startswith("%%distribute"):  # the engines' hosts, while they run
-            hosts_now = engine_hosts(kernel)
+        if cell.source.strip() == "%dist stop":  # the engines' hosts, before they stop
+            hosts_now = ast.literal_eval(
+                kernel.execute("[row.host for row in cluster.status()]")["result"]
+            )
             status = kernel.execute("%dist status")["stdout"]
+        replies[cell.source] = kernel.execute(cell.source, timeout=START_S + 60)
+        print(f"{replies[cell.source]['seconds']:6.1f} s  {cell.source.splitlines()[0][:60]}")
     text = {source: reply["stdout"] for source, reply in replies.items()}
     torchrun = next(out for src, out in text.items() if "torch.distributed.run" in src)
     tf_config = next(out for src, out in text.items() if "TF_CONFIG" in src and "Popen" in src)
