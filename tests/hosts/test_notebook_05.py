@@ -82,6 +82,7 @@ def test_notebook_05_runs_its_cells_against_two_hosts(
                 kernel.execute("[row.host for row in cluster.status()]")["result"]
             )
             status = kernel.execute("%dist status")["stdout"]
+            running = {name: hosts.processes(name) for name in ("h1", "h2")}
         replies[cell.source] = kernel.execute(cell.source, timeout=START_S + 60)
         print(f"{replies[cell.source]['seconds']:6.1f} s  {cell.source.splitlines()[0][:60]}")
     text = {source: reply["stdout"] for source, reply in replies.items()}
@@ -91,6 +92,8 @@ def test_notebook_05_runs_its_cells_against_two_hosts(
     assert "RESULT 0" in tf_config and "RESULT 1" in tf_config, tf_config
     assert hosts_now == ["h1", "h2"]
     assert "h1" in status and "h2" in status, status
+    for name, processes in running.items():  # each host runs its engine, not the notebook's
+        assert len([p for p in processes if "_engine_main" in p]) == 1, (name, processes)
     weights = next(out for src, out in text.items() if src.startswith("engine_weights"))
     values = re.findall(r"'(-?[0-9.]+)'", weights)
     assert len(values) == 2 and values[0] == values[1], weights
