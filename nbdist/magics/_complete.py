@@ -27,7 +27,7 @@ from typing import Any
 
 __all__ = ["TIMEOUT_S", "engine_answer", "install", "uninstall"]
 
-TIMEOUT_S = 0.5
+TIMEOUT_S = 1.0
 """Seconds a completion or inspection waits for replica 0's engine."""
 _installed: dict[int, tuple[Any, Any]] = {}
 

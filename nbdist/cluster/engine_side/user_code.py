@@ -1,4 +1,5 @@
-"""Which source files are the user's, on an engine: what tracebacks, post-mortems and debugger steps keep.
+"""Which source files are the user's, on an engine: the frames that tracebacks,
+post-mortems and debugger steps keep.
 
 A frame is the user's unless it is nbdist's own (the files `_wire.cut_from_tracebacks` names)
 or torch's, IPython's or ipykernel's. Shared by the failure replies (`failures`) and the
