@@ -9,12 +9,12 @@ treats "no such process" as done and its stderr is captured; any other failure (
 reach the host, permission denied) is logged as a warning with what the host said, and raised
 as before (ipyparallel's stop then waits for the engine and kills it).
 
-`ConcurrentSSHEngineSetLauncher` is ipyparallel's `SSHEngineSetLauncher` that starts the
-engines of different hosts at the same time (one thread per host). ipyparallel starts them one
-after another, and each engine costs several ssh round trips and a remote Python (shell check,
-`python --version`, `ipython profile create`, the connection files, the start itself): 4 engines
-on 2 hosts took most of a 30-50 s start on a loaded machine. On one host the first engine still
-starts alone (it sends the connection files the others read); the others then start at once.
+`ConcurrentSSHEngineSetLauncher` is ipyparallel's `SSHEngineSetLauncher` that starts all its
+engines at the same time (one thread each). ipyparallel starts them one after another, and each
+engine costs several ssh round trips and remote Pythons (shell check, `python --version`,
+`ipython profile create`, the connection files, the start itself): 4 engines on 2 hosts took
+most of a 30-75 s start on a loaded machine. A host's first engine sends the connection files;
+its other engines do their checks meanwhile and start the engine once the files are there.
 
 Imports ipyparallel: import it only when starting engines (`launchers.ipyparallel_settings`
 names these classes by their path).
@@ -27,6 +27,7 @@ Example (as `launchers.ipyparallel_settings` does it)::
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -34,6 +35,10 @@ from typing import Any
 from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
 
 __all__ = ["ConcurrentSSHEngineSetLauncher", "SSHStopEngineLauncher"]
+
+_FILES_WAIT_S = 600
+"""At most this long a host's other engines wait for its first to send the connection files
+(the cluster's own start timeout ends the start before)."""
 
 _GONE = "__nbdist_gone__"
 """What the remote kill prints when the process had already exited."""
@@ -56,7 +61,26 @@ def kill_code(pid: int, sig: int) -> str:
 
 
 class SSHStopEngineLauncher(SSHEngineLauncher):  # type: ignore[misc]
-    """One engine on a host over ssh, whose stop is quiet when the engine already exited."""
+    """One engine on a host over ssh, whose stop is quiet when the engine already exited.
+
+    `files_sent` (set by the engine set) is the event of the host's first engine: set once it
+    has sent the connection files; the host's other engines wait for it before they start.
+    """
+
+    files_sent: threading.Event | None = None
+
+    def send_files(self) -> None:
+        """Send the connection files (the host's first engine), or wait until they are sent."""
+        if self.to_send:
+            try:
+                super().send_files()
+            finally:  # on a failure too: the others go on (and fail as the engine would)
+                if self.files_sent is not None:
+                    self.files_sent.set()
+        elif self.files_sent is not None and not self.files_sent.wait(_FILES_WAIT_S):
+            raise RuntimeError(
+                f"the connection files were not sent to {self.location} within {_FILES_WAIT_S} s"
+            )
 
     def signal(self, sig: int) -> None:
         """Send `sig` to the engine on its host; nothing to do if it has exited.
@@ -79,12 +103,12 @@ class SSHStopEngineLauncher(SSHEngineLauncher):  # type: ignore[misc]
 
 
 class ConcurrentSSHEngineSetLauncher(SSHEngineSetLauncher):  # type: ignore[misc]
-    """ipyparallel's ssh engine set, its hosts started at the same time, and a quiet stop."""
+    """ipyparallel's ssh engine set, its engines started at the same time, and a quiet stop."""
 
     launcher_class = SSHStopEngineLauncher
 
     def start(self, n: int) -> list[str]:
-        """Start up to `n` engines on the hosts of `engines` (as ipyparallel's), hosts at once."""
+        """Start up to `n` engines on the hosts of `engines` (as ipyparallel's), all at once."""
         engine_traits = self.launcher_class.class_traits(config=True)
         shared = set(self.traits(config=True)).intersection(engine_traits)
         inherited = shared.difference({"location", "user", "hostname", "to_send", "to_fetch"})
@@ -102,6 +126,7 @@ class ConcurrentSSHEngineSetLauncher(SSHEngineSetLauncher):  # type: ignore[misc
             host, _, port = host.partition(":")
             where = {"user": user or None, "hostname": host, "port": port or None}
             launchers = []
+            files_sent = threading.Event()
             for i in range(min(count, n - started)):
                 # lists copied: a launcher given a port appends `-p PORT` to its ssh_args
                 kwargs = {attr: _copied(getattr(self, attr)) for attr in inherited}
@@ -110,6 +135,7 @@ class ConcurrentSSHEngineSetLauncher(SSHEngineSetLauncher):  # type: ignore[misc
                 kwargs["identifier"] = key = f"{full_host}/{i}"
                 launcher = self.launchers[key] = self.launcher_class(**kwargs)
                 launcher.loop  # noqa: B018  (read here, on the loop's thread)
+                launcher.files_sent = files_sent
                 if i > 0:
                     launcher.to_send = []  # the first engine of the host sends the files
                 launcher.on_stop(self._notice_engine_stopped)
@@ -118,24 +144,16 @@ class ConcurrentSSHEngineSetLauncher(SSHEngineSetLauncher):  # type: ignore[misc
             if launchers:
                 per_host.append((launchers, where))
         began = time.monotonic()
-        with ThreadPoolExecutor(max_workers=max(1, len(per_host))) as pool:
-            for future in [pool.submit(_start_host, ls, where) for ls, where in per_host]:
+        every = [(launcher, where) for launchers, where in per_host for _, launcher in launchers]
+        with ThreadPoolExecutor(max_workers=max(1, len(every))) as pool:
+            futures = [pool.submit(launcher.start, **where) for launcher, where in every]
+            for future in futures:
                 future.result()  # the first failure is raised, as ipyparallel's would be
         self.log.debug("ssh engines started in %.1f s", time.monotonic() - began)
         keys = [key for launchers, _ in per_host for key, _ in launchers]
         self.notify_start(keys)
         self.n = started
         return keys
-
-
-def _start_host(launchers: list[tuple[str, Any]], where: dict[str, Any]) -> None:
-    """Start one host's engines: the first (it sends the connection files), then the rest."""
-    first, *rest = [launcher for _, launcher in launchers]
-    first.start(**where)
-    if rest:
-        with ThreadPoolExecutor(max_workers=len(rest)) as pool:
-            for future in [pool.submit(launcher.start, **where) for launcher in rest]:
-                future.result()
 
 
 def _copied(value: Any) -> Any:
