@@ -34,6 +34,8 @@ from typing import Any
 
 from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
 
+from nbdist.cluster.errors import ClusterStartError, HostUnreachableError
+
 __all__ = ["ConcurrentSSHEngineSetLauncher", "SSHStopEngineLauncher"]
 
 _FILES_WAIT_S = 600
@@ -78,16 +80,18 @@ class SSHStopEngineLauncher(SSHEngineLauncher):  # type: ignore[misc]
                 if self.files_sent is not None:
                     self.files_sent.set()
         elif self.files_sent is not None and not self.files_sent.wait(_FILES_WAIT_S):
-            raise RuntimeError(
-                f"the connection files were not sent to {self.location} within {_FILES_WAIT_S} s"
+            raise ClusterStartError(
+                f"The connection files were not sent to {self.location} within {_FILES_WAIT_S} s "
+                "(the host's first engine is still copying them, or ssh hangs there); check "
+                "that scp reaches the host: launcher_options={'scp_args': [...]}."
             )
 
     def signal(self, sig: int) -> None:
         """Send `sig` to the engine on its host; nothing to do if it has exited.
 
         Raises:
-            RuntimeError: the host could not be reached or refused the signal (its stderr is
-                in the message and logged as a warning).
+            HostUnreachableError: the host could not be reached or refused the signal (its
+                stderr is in the message and logged as a warning).
         """
         if self.state != "running":
             return
@@ -99,7 +103,11 @@ class SSHStopEngineLauncher(SSHEngineLauncher):  # type: ignore[misc]
             said = (error.stderr or "").strip() or f"exit status {error.returncode}"
             self.log.warning("Signal %s to engine %s on %s failed: %s", sig, self.pid,
                              self.location, said)  # fmt: skip
-            raise RuntimeError(f"signal {sig} to {self.location} pid {self.pid}: {said}") from None
+            raise HostUnreachableError(
+                f"Signal {sig} to the engine (pid {self.pid}) on {self.location} failed: {said}. "
+                "If the host is unreachable, its engines stop with it; else stop pid "
+                f"{self.pid} there by hand."
+            ) from None
 
 
 class ConcurrentSSHEngineSetLauncher(SSHEngineSetLauncher):  # type: ignore[misc]
