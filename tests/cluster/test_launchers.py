@@ -356,3 +356,22 @@ def test_a_host_python_without_nbdist_is_named(sshd, ipython_dir, tmp_path):
     assert f"127.0.0.1: its Python '{bare / 'bin' / 'python'}' cannot run nbdist" in message
     assert "No module named" in message and "launcher_options={'remote_python'" in message
     assert not cluster.running
+
+
+def test_replicas_follow_the_hosts_order_whatever_order_engines_registered_in():
+    # ssh starts every engine at once: h2's may register first; rank 0 stays on h1
+    from nbdist.cluster.launch.startup import rank_engines
+
+    plan = make_plan(hosts="me@h1:2,h2:2", launcher="ssh")
+    described = [
+        {"host": host, "cuda_visible_devices": None, "address": address, "free_port": 1000 + i}
+        for i, (host, address) in enumerate(
+            [("h2", "10.0.0.2"), ("h1", "10.0.0.1"), ("h2", "10.0.0.2"), ("h1", "10.0.0.1")]
+        )
+    ]
+    ranked = rank_engines(plan, [0, 1, 2, 3], described)
+    assert [(engine_id, info["host"]) for engine_id, info, _ in ranked] == [
+        (1, "h1"), (3, "h1"), (0, "h2"), (2, "h2")
+    ]  # fmt: skip
+    assert ranked[0][2]["master_addr"] == "10.0.0.1"
+    assert [config["local_rank"] for _, _, config in ranked] == [0, 1, 0, 1]

@@ -10,7 +10,8 @@ torch
   `NBDIST_ZYGOTE=0`, or without `os.fork`, they start before the controller as Pythons of
   their own and wait for its connection file, so their imports overlap its start-up;
 - `ssh`: `SSHEngineSetLauncher.engines = {host: count}`; ssh never prompts (`BatchMode=yes`)
-  and gives up on an unreachable host within the cluster's timeout (`ConnectTimeout`);
+  and gives up on an unreachable host within the cluster's timeout (`ConnectTimeout`); the
+  hosts are started at once and a stop is quiet about engines already gone (`SSH_LAUNCHER`);
 - `mpi`: `mpiexec -n N`, with `--host h1:2,h2:2` for hosts (Open MPI's spelling; MPICH's
   `-hosts`), and Open MPI's `--allow-run-as-root` when running as root (containers);
 - `slurm`: one `sbatch` job of N tasks (`--nodelist`/`--ntasks-per-node` for hosts), its
@@ -72,6 +73,7 @@ __all__ = [
     "CONTROLLER_MODULE",
     "ENGINE_MODULE",
     "ROUTE_TO_HOSTS",
+    "SSH_LAUNCHER",
     "IpyparallelSettings",
     "for_start",
     "ipyparallel_settings",
@@ -88,6 +90,10 @@ ZYGOTE_LAUNCHER = "nbdist.cluster.launch.zygote_launcher.ZygoteEngineSetLauncher
 
 CONTROLLER_MODULE = "nbdist.cluster.launch._controller_main"
 """The module the controller runs (`python -m ...`)."""
+
+SSH_LAUNCHER = "nbdist.cluster.launch.ssh_launcher.ConcurrentSSHEngineSetLauncher"
+"""The engine-set launcher of ssh engines: ipyparallel's, its hosts started at once and its
+stop quiet about engines that already exited (`ssh_launcher`)."""
 
 ROUTE_TO_HOSTS = "route-to-hosts"
 """`IpyparallelSettings.controller_ip` until the cluster starts, when no address was given: the
@@ -229,9 +235,14 @@ def ipyparallel_settings(
     zygote = zygote_wanted(plan.launcher)
     if zygote:  # Note [Engines from a zygote]
         config.ZygoteEngineLauncher.zygote_socket = ""  # Cluster.start sets it
+    engine_launcher: str = plan.launcher
+    if zygote:
+        engine_launcher = ZYGOTE_LAUNCHER
+    elif plan.launcher == "ssh":
+        engine_launcher = SSH_LAUNCHER
     kwargs: dict[str, Any] = {
         "n": plan.n,
-        "engine_launcher_class": ZYGOTE_LAUNCHER if zygote else plan.launcher,
+        "engine_launcher_class": engine_launcher,
         "controller_ip": controller_ip,
         "controller_args": [
             # one controller process instead of eight (Note [Schedulers in threads])

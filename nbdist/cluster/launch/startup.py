@@ -167,10 +167,16 @@ def rank_engines(
 ) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
     """`(engine id, its description, its bootstrap config)` in replica (rank) order.
 
-    Engines are ordered by host (first seen first), then by their place in `plan.gpus`,
-    then by engine id. The first engine's address and free port are the rendezvous.
+    Engines are ordered by host (in `plan.hosts`' order, whatever order their engines
+    registered in: ssh starts them all at once; hosts not named there after them, first seen
+    first), then by their place in `plan.gpus`, then by engine id. The first engine's address
+    and free port are the rendezvous.
     """
-    hosts = list(dict.fromkeys(d["host"] for d in described))
+    named = [host.rpartition("@")[2] for host, _ in plan.hosts or ()]
+    seen = list(dict.fromkeys(d["host"] for d in described))
+    hosts = sorted(
+        seen, key=lambda h: (named.index(h) if h in named else len(named), seen.index(h))
+    )
 
     def order(item: tuple[int, dict[str, Any]]) -> tuple[int, int, int]:
         engine_id, info = item
