@@ -233,7 +233,9 @@ class DebugConsole:
         """Stop watching; close every connection (the engines end their sessions with the
         call)."""
         self._stop.set()
-        if self._thread is not None:
+        # a Ctrl-C inside `Thread.start` (it waits for the thread to begin) can leave a thread
+        # that never began, or began unrecorded: it sees `_stop` and ends by itself
+        if self._thread is not None and self._thread.ident is not None:
             self._thread.join(timeout=2.0)
         with self._lock:
             sessions, self.sessions = list(self.sessions.values()), {}
