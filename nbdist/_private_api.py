@@ -42,6 +42,7 @@ __all__ = [
     "launcher_has_exited",
     "pytree",
     "queue_backward_callback",
+    "refresh_engines_from_hub",
     "replace_nanny_starter",
     "set_group_timeout",
     "show_elapsed_and_rate",
@@ -70,6 +71,11 @@ PRIVATE_NAMES: dict[str, str] = {
     "(nbdist/cluster/launch/_engine_main.py) by a function that hands the same arguments to a "
     "nanny forked from the engine, instead of a new Python importing ipyparallel again; "
     "IPEngine has no setting for how its nanny is started",
+    "ipyparallel Client._send/_query_stream/_io_loop/_update_engines": "ask the controller which "
+    "engines it has registered and record them in the client: a Client hears of new engines "
+    "only through its notification socket, which it subscribes after asking for the engine "
+    "list, so an engine registering in between is never heard of (it waited forever); "
+    "Client has no public refresh",
     "ipyparallel Client._config": "the controller's location (host) as the client read it "
     "from the connection file; Client has no public accessor for it",
     "ipyparallel IPEngine._signal_stop": "the engine's SIGTERM handler: the only place that "
@@ -219,6 +225,39 @@ def replace_nanny_starter(engine_app: types.ModuleType, start: Callable[..., Any
     module `ipyparallel.engine.app` (passed in: this module imports no ipyparallel), whose
     `start_nanny` the engine calls; `start` must return `(nanny_url, handle)`."""
     engine_app.start_nanny = start  # type: ignore[attr-defined]
+
+
+def refresh_engines_from_hub(client: Any, timeout: float) -> list[int]:
+    """Ask the controller (hub) of an ipyparallel `client` for every engine it has registered,
+    record those the client had not heard of, and return the client's engine ids.
+
+    Why: the client learns of engines from notifications on a SUB socket that it connects
+    only after it asked the hub for the engines it had; an engine that registered in between
+    is in neither (ZeroMQ drops what a SUB socket publishes before it is subscribed), and
+    `client.ids` never shows it. Engines forked from a warm zygote register within a second
+    of the controller, which is when the client connects. The request goes through the
+    client's IO thread, which owns its sockets, and the engines are recorded there.
+
+    Raises:
+        TimeoutError: the hub did not answer within `timeout` seconds.
+    """
+    from concurrent.futures import Future
+
+    reply = client._send(client._query_stream, "connection_request")  # noqa: SLF001
+    engines = dict(reply.result(timeout)["content"].get("engines") or {})
+    recorded: Future[None] = Future()
+
+    def record() -> None:  # where the client records the engines it hears of
+        try:
+            client._update_engines(engines)  # noqa: SLF001
+        except BaseException as error:
+            recorded.set_exception(error)
+        else:
+            recorded.set_result(None)
+
+    client._io_loop.add_callback(record)  # noqa: SLF001
+    recorded.result(timeout)
+    return list(client.ids)
 
 
 def client_location(client: Any) -> str | None:

@@ -24,6 +24,7 @@ def test_every_listed_name_is_checked_here():
         "torch.autograd.Variable._execution_engine.queue_callback",
         "ipyparallel launcher._wait_thread", "ipyparallel IPEngine._signal_stop",
         "ipyparallel IPController.save_connection_dict", "ipyparallel Client._config",
+        "ipyparallel Client._send/_query_stream/_io_loop/_update_engines",
         "ipyparallel.engine.app.start_nanny",
         "ipyparallel HeartMonitor.start/beat, its caller, hearts and on_probation",
 
@@ -206,6 +207,21 @@ def test_ipyparallel_client_keeps_its_connection_config():
 
     assert private.client_location(Client()) == "10.0.0.5"
     assert private.client_location(None) is None
+
+
+def test_ipyparallel_client_can_ask_its_hub_for_engines_in_its_io_thread():
+    client = pytest.importorskip("ipyparallel.client.client")
+    parameters = inspect.signature(client.Client._send).parameters
+    assert list(parameters)[1:3] == ["socket", "msg_type"], "Client._send's arguments changed"
+    streams = inspect.getsource(client.Client._setup_streams)
+    assert "self._query_stream = ZMQStream(" in streams, "Client._query_stream is gone"
+    assert "self._io_loop" in streams, "Client._io_loop is gone"
+    update = inspect.getsource(client.Client._update_engines)
+    assert "self._ids" in update and "int(k)" in update, "Client._update_engines changed"
+    hub = pytest.importorskip("ipyparallel.controller.hub")
+    reply = inspect.getsource(hub.Hub.connection_request)
+    assert "content['engines']" in reply, "the hub's connection_reply has no engines"
+    # tests/cluster/test_registration_not_heard.py uses it against a real controller
 
 
 def test_ipyparallel_engine_keeps_its_sigterm_handler():

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbdist._private_api import launcher_has_exited
+from nbdist._private_api import launcher_has_exited, refresh_engines_from_hub
 from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
 from nbdist.cluster.launch.plan import LaunchPlan
 
@@ -41,6 +41,7 @@ __all__ = [
 
 _OUTPUT_TAIL = 30
 _POLL_S = 0.2  # how often a wait for registration checks whether an engine process exited
+_HUB_LOOK_S = 1.0  # how often it asks the controller itself (Note [Registrations not heard])
 _ENGINE_EXIT_HINT = {
     "local": "Its output is below.",
     "mpi": "mpiexec's output is below (an MPI that refuses the launch, or mpi4py missing).",
@@ -81,7 +82,8 @@ def wait_for_registration(
     from that thread having ended. `progress` hears every count ("1/2 engines registered",
     then "2/2 ..."), even when several engines registered between two looks;
     `on_registered` gets the ids of the engines registered so far at each look that found
-    a new one. `job_problem` (a batch system's look at the engines' job, e.g.
+    a new one. Every second it also asks the controller which engines it has registered
+    (Note [Registrations not heard]). `job_problem` (a batch system's look at the engines' job, e.g.
     `slurm_jobs.JobWatch.check`) is a message when the job will never run the engines.
 
     Raises:
@@ -96,6 +98,7 @@ def wait_for_registration(
         plan.n, timeout=_remaining(deadline), block=False, interactive=False
     )
     said = 0
+    next_hub_look = time.monotonic() + _HUB_LOOK_S
 
     def say_new() -> None:
         nonlocal said
@@ -112,6 +115,12 @@ def wait_for_registration(
             say_new()
             return
         except TimeoutError:  # not yet (or ipyparallel's own wait timed out: done())
+            if time.monotonic() >= next_hub_look and len(client.ids) < plan.n:
+                next_hub_look = time.monotonic() + _HUB_LOOK_S
+                if len(_engines_at_hub(client, deadline)) >= plan.n:
+                    waiting.cancel()
+                    say_new()
+                    return
             say_new()
             exited = [launcher for launcher in launchers if launcher_has_exited(launcher)]
             if exited and not waiting.done():
@@ -138,6 +147,28 @@ def wait_for_registration(
         ),
         pending=(plan.n - len(client.ids),),
     )
+
+
+def _engines_at_hub(client: Any, deadline: float) -> list[int]:
+    """The engine ids the controller has registered, recorded in `client` (its own when the
+    controller does not answer in time: the next look asks again)."""
+    try:
+        wait = max(_POLL_S, min(10.0, _remaining(deadline)))
+        return refresh_engines_from_hub(client, timeout=wait)
+    except TimeoutError:
+        return list(client.ids)
+
+
+# Note [Registrations not heard]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# An ipyparallel Client asks the controller for its engines when it connects, then subscribes
+# to the controller's notifications of new ones. An engine that registers between the two is
+# in neither: ZeroMQ drops what is published before a subscription takes effect, and the
+# client never lists that engine. With engines forked from the zygote, registration begins
+# within a second of the controller's start, just when `Cluster.start` connects its client;
+# on a busy machine one engine in a few hundred starts fell in that gap, and the start failed
+# with "Only 2 of 3 engines registered" although all three had. So the wait also asks the
+# controller itself, once a second, while engines are missing.
 
 
 def wait_all(result: Any, deadline: float, step: str, timeout: float) -> list[Any]:
