@@ -140,8 +140,15 @@ def set_group_timeout(timeout: datetime.timedelta, group: Any) -> None:
 
 def show_elapsed_and_rate(bar: Any, elapsed: float) -> None:
     """Make a tqdm `bar` show `elapsed` seconds and the rate `bar.n / elapsed` (not tqdm's
-    smoothed rate of its own updates): for a bar that mirrors another process's progress."""
-    bar.start_t = bar._time() - elapsed  # noqa: SLF001
+    smoothed rate of its own updates): for a bar that mirrors another process's progress.
+
+    It also records the bar as drawn now (`last_print_t`): tqdm's `close` writes a bar's final
+    line and newline only when the bar was drawn after its start, and a start moved back by
+    less than the time since the bar was made (a loop that took microseconds on the engine)
+    read as never drawn: the next bar then went on the same line."""
+    now = bar._time()  # noqa: SLF001
+    bar.start_t = now - elapsed
+    bar.last_print_t = now
     bar._ema_dt = lambda: None  # noqa: SLF001
 
 

@@ -161,6 +161,24 @@ def test_show_elapsed_and_rate_sets_a_tqdm_bar_to_another_processes_progress():
         bar.close()
 
 
+def test_a_mirrored_bar_of_a_loop_of_microseconds_closes_on_its_own_line():
+    from tqdm.std import tqdm
+
+    out = io.StringIO()
+    bar = tqdm(total=5, file=out, mininterval=0, desc="epoch 0")
+    made = bar._time()
+    while bar._time() == made:  # the engine's loop took less than the time since the bar was made
+        pass
+    bar.n = 5
+    private.show_elapsed_and_rate(bar, 0.0)
+    bar.refresh()
+    bar.close()
+    tqdm(total=5, file=out, mininterval=0, desc="epoch 1").close()
+    lines = out.getvalue().split("\n")
+    assert "epoch 0: 100%" in lines[0].rsplit("\r", 1)[-1], "the bar's final line was not written"
+    assert "epoch 1" in lines[1], lines
+
+
 def test_ipyparallel_launchers_keep_their_wait_thread():
     launcher = pytest.importorskip("ipyparallel.cluster.launcher")
     for cls in (launcher.LocalProcessLauncher, launcher.SSHLauncher):
