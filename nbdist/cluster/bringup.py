@@ -79,15 +79,17 @@ class Greeter:
                     view.apply_async(joining.describe, self._address),
                 )
 
-    def described(self, ids: list[int], deadline: float, timeout: float) -> list[Any]:
+    def described(
+        self, ids: list[int], deadline: float, timeout: float, fix: str = ""
+    ) -> list[Any]:
         """Every engine's description (attached first), in the order of `ids`."""
         self(ids)
         from ipyparallel.client.asyncresult import AsyncResult
 
         attached = AsyncResult.join(*(self.sent[i][0] for i in ids))
-        wait_all(attached, deadline, "attaching", timeout)
+        wait_all(attached, deadline, "attaching", timeout, fix)
         described = AsyncResult.join(*(self.sent[i][1] for i in ids))
-        return wait_all(described, deadline, "describing", timeout)
+        return wait_all(described, deadline, "describing", timeout, fix)
 
 
 class BringUp:

@@ -187,7 +187,8 @@ class Scaling:
         )
         if dead and target != len(alive):
             why += f", then {len(alive)} → {target}"
-        deadline = time.monotonic() + (timeout or self._plan.timeout)
+        self._scale_timeout = timeout or self._plan.timeout  # what its timeout errors name
+        deadline = time.monotonic() + self._scale_timeout
         staying, removed = alive[:target], alive[target:]
         grow = target - len(staying)
         prepared = self._each(staying if dead else self._engines, resize.prepare, deadline,
@@ -322,7 +323,7 @@ class Scaling:
             )
             for i, info in enumerate(engines)
         ]
-        replies = wait_all(AsyncResult.join(*parts), deadline, what, self._plan.timeout)
+        replies = wait_all(AsyncResult.join(*parts), deadline, what, *self._timeout_named())
         for info, reply in zip(engines, replies):
             if not reply_ok(reply):
                 raise ScaleFailedError(
@@ -330,6 +331,11 @@ class Scaling:
                     f"{reply.get('evalue')}"
                 )
         return replies
+
+    def _timeout_named(self) -> tuple[float, str]:
+        """The resize's timeout and how to raise it, for its timeout errors."""
+        timeout = getattr(self, "_scale_timeout", self._plan.timeout)
+        return timeout, "Give the resize longer (cluster.scale(n, timeout=S))"
 
     def _snapshot(self, first: EngineInfo, deadline: float) -> bytes:
         """Replica 0's strategy state, pickled for the engines about to join (taken before
@@ -376,7 +382,7 @@ class Scaling:
             time.sleep(0.05)  # ipyparallel's registration has no wait of its own here
         new = new[:count]
         greeter = Greeter(self._client, controller_address(self._settings, self._client))
-        described = greeter.described(new, deadline, self._plan.timeout)
+        described = greeter.described(new, deadline, *self._timeout_named())
         return list(zip(new, described))
 
     def _regroup(
@@ -413,7 +419,9 @@ class Scaling:
             config = {**base, "rank": rank, "local_rank": rank}
             view = self._client.direct_view([engine_id])
             parts.append(view.apply_async(joining.bootstrap, config))
-        replies = wait_all(AsyncResult.join(*parts), deadline, "forming the group", plan.timeout)
+        replies = wait_all(
+            AsyncResult.join(*parts), deadline, "forming the group", *self._timeout_named()
+        )
         for rank, reply in enumerate(replies[: len(staying)]):
             if not reply_ok(reply):
                 raise ScaleFailedError(

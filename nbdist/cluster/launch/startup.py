@@ -171,7 +171,9 @@ def _engines_at_hub(client: Any, deadline: float) -> list[int]:
 # controller itself, once a second, while engines are missing.
 
 
-def wait_all(result: Any, deadline: float, step: str, timeout: float) -> list[Any]:
+def wait_all(
+    result: Any, deadline: float, step: str, timeout: float, fix: str = ""
+) -> list[Any]:
     """The values of an ipyparallel `result` on every engine, or one error naming the step.
 
     Raises:
@@ -180,8 +182,9 @@ def wait_all(result: Any, deadline: float, step: str, timeout: float) -> list[An
     """
     if not result.wait(_remaining(deadline)):
         raise EngineTimeoutError(
-            f"The engines did not finish {step} within {timeout:g} s. Raise the timeout "
-            "(Cluster(timeout=...), or `%dist start --timeout S`) on a slow or busy machine."
+            f"The engines did not finish {step} within {timeout:g} s. "
+            + (fix or "Raise the timeout (Cluster(timeout=...), or `%dist start --timeout S`)")
+            + " on a slow or busy machine."
         )
     values = result.get(return_exceptions=True)
     errors = [(i, v) for i, v in enumerate(values) if isinstance(v, BaseException)]
