@@ -28,6 +28,7 @@ from nbdist.cluster.engine_side import joining
 from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
 from nbdist.cluster.launch.launchers import (
     ROUTE_TO_HOSTS,
+    SPARE_CONTROLLER_LAUNCHER,
     IpyparallelSettings,
     for_start,
     probe_hosts,
@@ -42,7 +43,13 @@ from nbdist.cluster.launch.startup import (
     wait_for_registration,
 )
 from nbdist.cluster.launch.stop_log import keep_crash_output
-from nbdist.cluster.launch.zygote import Zygote, return_spare, take_spare
+from nbdist.cluster.launch.zygote import (
+    Zygote,
+    return_spare,
+    start_spare_controller,
+    take_spare,
+    take_spare_controller,
+)
 from nbdist.cluster.status import EngineInfo
 
 __all__ = ["ATTACH", "BringUp", "Greeter", "controller_address"]
@@ -176,7 +183,9 @@ class BringUp:
         keep_crash_output(ipp.log, ipp.profile_dir, ipp.cluster_id, self._exited_engine)
         if not settings.engines_first:
             ipp.start_controller_sync()
-            clock.stage("controller process launched")
+            spare = "controller_launcher_class" in cluster_kwargs
+            clock.stage("spare controller took over (its imports done while warm)" if spare
+                        else "controller process launched")  # fmt: skip
         for count, environment in plan.engine_sets():
             env = dict(engine_env)
             env.update(environment)
@@ -229,6 +238,12 @@ class BringUp:
         kwargs = dict(self._settings.cluster_kwargs)
         config = kwargs["config"] = copy.deepcopy(kwargs["config"])
         config.ZygoteEngineLauncher.zygote_socket = zygote.socket_path
+        spare = take_spare_controller()  # kept warm: ipyparallel's controller imported already
+        if spare is not None:
+            spare.timeout = remaining
+            spare.limit = self.plan.timeout
+            kwargs["controller_launcher_class"] = SPARE_CONTROLLER_LAUNCHER
+            config.SpareControllerLauncher.spare_socket = spare.socket_path
         return kwargs
 
     def _stop_zygote(self, keep: bool = False) -> None:
@@ -244,6 +259,7 @@ class BringUp:
             self._processes.forget([zygote.pid])
         else:
             zygote.stop()
+        start_spare_controller()  # when kept warm: the next start (or this restart) takes it
 
     def _join(self, deadline: float) -> None:
         """Bootstrap every engine at once, in rank order; record them."""

@@ -360,8 +360,8 @@ class DistMagics(Magics):
             print("Cells run in this notebook again.")
 
     def _warm(self, words: list[str]) -> None:
-        """`%dist warm on|off`: keep an engine zygote ready between clusters (or not);
-        `%dist warm` says whether one waits, and its memory."""
+        """`%dist warm on|off`: keep an engine zygote and a spare controller ready between
+        clusters (or not); `%dist warm` says whether they wait, and their memory."""
         from nbdist.cluster.launch import zygote
 
         if len(words) > 1 or (words and words[0] not in ("on", "off")):
@@ -374,14 +374,22 @@ class DistMagics(Magics):
         if words:
             zygote.keep_warm(words[0] == "on")
         waiting = zygote.warm_zygote()
+        controller = zygote.spare_controller()
         if not zygote.keeps_warm():
             print("No engine zygote is kept warm (`%dist warm on` keeps one ready).")
         elif waiting is None:
             print("An engine zygote is kept warm: the running cluster has it until it stops.")
         else:
+            spare = (
+                f" and a spare controller (pid {controller.pid}, {_memory(controller.pid)})"
+                if controller is not None
+                else ""
+            )
             print(
-                f"An engine zygote is kept warm (pid {waiting.pid}, {_memory(waiting.pid)}): the "
-                "next `%dist start` forks its engines from it. `%dist warm off` stops it."
+                f"An engine zygote is kept warm (pid {waiting.pid}, {_memory(waiting.pid)}){spare}"
+                ": the next `%dist start` forks its engines from the zygote"
+                + (" and makes the spare its controller" if spare else "")
+                + ". `%dist warm off` stops them."
             )
 
     def _dashboard(self, words: list[str]) -> None:

@@ -216,15 +216,18 @@ shell = InteractiveShell.instance()
 shell.run_line_magic("load_ext", "nbdist")
 shell.run_line_magic("dist", "warm on")
 first = zygote.warm_zygote().pid
+first_controller = zygote.spare_controller().pid
 shell.run_line_magic("dist", "start -n 2")
 cluster = shell.user_ns["cluster"]
 pids = cluster.processes
+controller = cluster._ipp.controller.process.pid
 shell.run_line_magic("dist", "stop")
 assert_processes_gone(tuple(set(pids) - {first}), 20.0)  # all but the warm zygote
 kept = zygote.warm_zygote().pid
+kept_controller = zygote.spare_controller().pid
 shell.run_line_magic("dist", "warm")
 shell.run_line_magic("dist", "warm off")
-assert_processes_gone((first,), 20.0)
+assert_processes_gone((first, kept_controller), 20.0)
 shell.run_line_magic("dist", "warm")
 from IPython.core.error import UsageError
 try:
@@ -233,7 +236,9 @@ except UsageError as error:
     print("refused:", error)
 shell.run_line_magic("dist", "warm on")
 second = zygote.warm_zygote().pid
-say(first=first, pids=pids, kept=kept, second=second)
+second_controller = zygote.spare_controller().pid
+say(first=first, pids=pids, kept=kept, second=second, first_controller=first_controller,
+    controller=controller, kept_controller=kept_controller, second_controller=second_controller)
 sys.stdin.read()  # until the test kills this process
 """
 
@@ -257,20 +262,28 @@ def test_a_warm_zygote_serves_the_next_start_and_never_outlives_its_owner(ipytho
         output = "".join(lines)
         assert seen, output + owner.stderr.read() if owner.poll() is not None else output
         assert "engine zygote taken (launched before this start" in output
+        assert "spare controller took over (its imports done while warm)" in output
         assert seen["first"] in seen["pids"]  # the cluster's engines came from the warm one
+        assert seen["controller"] == seen["first_controller"]  # the spare became its controller
+        assert seen["controller"] in seen["pids"]  # and was stopped with the cluster
         assert seen["kept"] == seen["first"]
-        assert f"An engine zygote is kept warm (pid {seen['first']}, " in output
+        assert seen["kept_controller"] not in (seen["first_controller"], None)  # a new spare
+        assert (
+            f"An engine zygote is kept warm (pid {seen['first']}, " in output
+            and f"and a spare controller (pid {seen['kept_controller']}, " in output
+        ), output
         assert "MiB)" in output
         assert "No engine zygote is kept warm (`%dist warm on` keeps one ready)." in output
         assert "refused: %dist warm takes `on`, `off` or nothing" in output
         assert seen["second"] != seen["first"] and psutil.pid_exists(seen["second"])
+        assert psutil.pid_exists(seen["second_controller"])
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=30)
-        assert_processes_gone((seen["second"],), GONE_WITHIN_S)
+        assert_processes_gone((seen["second"], seen["second_controller"]), GONE_WITHIN_S)
     finally:
         with contextlib.suppress(Exception):
             owner.kill()
             owner.wait(timeout=10)
-        for pid in [*seen.get("pids", []), seen.get("second")]:
+        for pid in [*seen.get("pids", []), seen.get("second"), seen.get("second_controller")]:
             with contextlib.suppress(psutil.Error, TypeError, ValueError):
                 psutil.Process(pid).kill()

@@ -8,6 +8,11 @@ starts `watch_parent`, so the controller and its schedulers stop when the proces
 the cluster dies, however it dies; and it writes its connection files atomically, so an engine
 waiting for one never reads it half-written. Once its event loop stops (a stop), it exits at
 once (`_exit_at_once`).
+
+A spare controller (`SPARE_FLAG=SOCKET`, started by `controller_spare.ControllerSpare` for a
+notebook that keeps a cluster warm) does all of that up to the imports (~0.7 s of CPU), then
+waits for the launcher's request on SOCKET (`handover.wait_for_request`) and becomes the
+controller that request describes: the next `Cluster.start` does not wait for the imports.
 """
 
 from __future__ import annotations
@@ -17,20 +22,31 @@ import os
 
 
 def main() -> None:
-    """Lock down, watch the parent, then run ipyparallel's controller (`sys.argv`)."""
+    """Lock down, watch the parent, then run ipyparallel's controller (`sys.argv`); a spare
+    waits for its command line first."""
     os.umask(0o077)
+    spare = _flag_text(SPARE_FLAG)
     from nbdist.cluster.launch.parent_watch import watch_parent
 
     watch_parent()
     from ipyparallel.controller.app import IPController
     from ipyparallel.controller.app import main as controller_main
 
+    if spare:
+        from nbdist.cluster.launch import handover
+
+        listener = handover.listen(spare)
+        handover.become(handover.wait_for_request(listener), CONTROLLER_MODULE)
     IPController.save_connection_dict = _save_connection_dict_atomically
     _beat_fast_until_registered(_flag_value(START_ENGINES_FLAG))
     controller_main()
     _exit_at_once()
 
 
+CONTROLLER_MODULE = "nbdist.cluster.launch._controller_main"
+"""The module the controller runs (`python -m ...`)."""
+SPARE_FLAG = "--nbdist-spare="
+"""Argument of a spare controller: the Unix socket on which it waits for its command line."""
 START_ENGINES_FLAG = "--nbdist-start-engines="
 """Argument naming how many engines the start waits for (`_beat_fast_until_registered`)."""
 
@@ -40,14 +56,20 @@ START_BEAT_MS = 50
 
 def _flag_value(flag: str) -> int:
     """Remove `FLAG=N` from `sys.argv` (ipyparallel would refuse it); N, or 0 without it."""
+    with contextlib.suppress(ValueError):
+        return int(_flag_text(flag) or 0)
+    return 0
+
+
+def _flag_text(flag: str) -> str:
+    """Remove `FLAG=TEXT` from `sys.argv`; TEXT, or "" without it."""
     import sys
 
     for index, argument in enumerate(sys.argv[1:], start=1):
         if argument.startswith(flag):
             del sys.argv[index]
-            with contextlib.suppress(ValueError):
-                return int(argument[len(flag) :])
-    return 0
+            return argument[len(flag) :]
+    return ""
 
 
 # Note [A fast beat while engines register]: ipyparallel's controller finishes an engine's

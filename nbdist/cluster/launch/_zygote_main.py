@@ -54,11 +54,11 @@ import time
 import traceback
 from typing import Any, NoReturn
 
+from nbdist.cluster.launch import handover
 from nbdist.cluster.launch.process_name import name_process
 
 _POLL_S = 0.5  # how often the zygote looks at its parent while nothing else happens
 _GRACE_S = 3.0  # seconds engines get to exit after SIGTERM when the zygote stops
-_REQUEST_TIMEOUT_S = 10.0
 
 
 def main() -> None:
@@ -66,10 +66,7 @@ def main() -> None:
     from nbdist.cluster.launch.parent_watch import _parent_from_argv
 
     parent = _parent_from_argv() or os.getppid()
-    path = sys.argv[1]
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
+    listener = handover.listen(sys.argv[1])
     _import_engine_modules()
     _serve(listener, parent)
 
@@ -83,6 +80,21 @@ def _import_engine_modules() -> None:
     from nbdist.cluster.engine_side import entry_points, guards, joining  # noqa: F401
     from nbdist.cluster.launch import _engine_main  # noqa: F401
 
+    for module in _IMPORTED_BY_EACH_ENGINE:  # what an engine imports as it starts, once here
+        with contextlib.suppress(Exception):  # a missing optional one: the engine skips it too
+            __import__(module)
+
+
+_IMPORTED_BY_EACH_ENGINE = (
+    "ipykernel.debugger",  # debugpy and pydevd, ~130 modules (~0.1 s), for the kernel's debugger
+    "IPython.core.completerlib",
+    "IPython.core.oinspect",
+    "IPython.extensions.storemagic",
+    "sqlite3",
+    "tornado.queues",
+)
+"""Modules each forked engine imported after the fork (its kernel's start), found by comparing
+an engine's `sys.modules` with the zygote's; none starts a thread or opens a file."""
 
 def _serve(listener: socket.socket, parent: int) -> None:
     children: set[int] = set()
@@ -114,7 +126,7 @@ def _answer(
     children: set[int],
     wake: tuple[int, int],
 ) -> None:
-    connection.settimeout(_REQUEST_TIMEOUT_S)
+    connection.settimeout(handover.REQUEST_TIMEOUT_S)
     try:
         request = json.loads(connection.makefile("rb").readline())
         pid = _fork(request, [listener.fileno(), connection.fileno(), *wake])
@@ -171,23 +183,9 @@ def _become_engine(request: dict[str, Any]) -> None:
     for number in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(number, signal.SIG_DFL)
     os.setsid()  # ipyparallel starts engines in a session of their own (start_new_session)
-    output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(output, 1)
-    os.dup2(output, 2)
-    os.close(output)
-    os.close(devnull)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    args = list(request["args"])
-    from nbdist.cluster.launch.zygote import ENGINE_MODULE as module
+    from nbdist.cluster.launch.zygote import ENGINE_MODULE
 
-    rest = args[args.index(module) + 1 :] if module in args else args[1:]
-    from nbdist.cluster.launch.parent_watch import PARENT_FLAG
-
-    sys.argv = [args[0], *(a for a in rest if not a.startswith(PARENT_FLAG))]
+    handover.become(request, ENGINE_MODULE)
     _reseed()
     name_process(b"nbdist-engine")
 

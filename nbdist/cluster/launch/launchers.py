@@ -64,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nbdist.cluster.launch import slurm_jobs
-from nbdist.cluster.launch._controller_main import START_ENGINES_FLAG
+from nbdist.cluster.launch._controller_main import CONTROLLER_MODULE, START_ENGINES_FLAG
 from nbdist.cluster.launch.parent_watch import NO_PARENT_FLAG, parent_flag
 from nbdist.cluster.launch.plan import LaunchPlan
 from nbdist.cluster.launch.zygote import ENGINE_MODULE, zygote_wanted
@@ -73,6 +73,7 @@ __all__ = [
     "CONTROLLER_MODULE",
     "ENGINE_MODULE",
     "ROUTE_TO_HOSTS",
+    "SPARE_CONTROLLER_LAUNCHER",
     "SSH_LAUNCHER",
     "IpyparallelSettings",
     "for_start",
@@ -87,9 +88,8 @@ exits at once: `_engine_main`)."""
 
 ZYGOTE_LAUNCHER = "nbdist.cluster.launch.zygote_launcher.ZygoteEngineSetLauncher"
 """The engine-set launcher of local engines forked from a zygote."""
-
-CONTROLLER_MODULE = "nbdist.cluster.launch._controller_main"
-"""The module the controller runs (`python -m ...`)."""
+SPARE_CONTROLLER_LAUNCHER = "nbdist.cluster.launch.controller_launcher.SpareControllerLauncher"
+"""The controller launcher that hands the command line to a spare controller (kept warm)."""
 
 SSH_LAUNCHER = "nbdist.cluster.launch.ssh_launcher.ConcurrentSSHEngineSetLauncher"
 """The engine-set launcher of ssh engines: ipyparallel's, its hosts started at once and its

@@ -44,14 +44,18 @@ __all__ = [
     "ENGINE_MODULE",
     "ZYGOTE_ENV",
     "ZYGOTE_MODULE",
+    "ControllerSpare",
     "Zygote",
     "discard_spare",
     "keep_warm",
     "keeps_warm",
     "return_spare",
     "running_zygote",
+    "spare_controller",
     "start_spare",
+    "start_spare_controller",
     "take_spare",
+    "take_spare_controller",
     "warm_zygote",
     "zygote_wanted",
 ]
@@ -104,6 +108,14 @@ class Zygote:
         socket_path: The Unix socket it answers on (in a directory only its owner can enter).
     """
 
+    what = "engine zygote"
+    """What the process is called in errors."""
+    fix = (
+        f"Set {ZYGOTE_ENV}=0 in the notebook's environment to start every engine as a Python "
+        "process of its own."
+    )
+    """What an error about it suggests."""
+
     def __init__(self, process: subprocess.Popen[bytes], directory: str, timeout: float):
         self.process = process
         self.directory = directory
@@ -123,14 +135,13 @@ class Zygote:
             env: Variables added to this process's environment for the zygote: those read
                 when torch is imported (`OMP_NUM_THREADS`) must be the engines' already.
         """
-        directory = tempfile.mkdtemp(prefix="nbdist-zygote-")  # mode 0700
+        directory = tempfile.mkdtemp(prefix=f"nbdist-{cls.__name__.lower()}-")  # mode 0700
         environment = dict(os.environ)
         environment.update(env or {})
         environment["PYTHONUNBUFFERED"] = "1"
         with open(os.path.join(directory, "zygote.log"), "ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", ZYGOTE_MODULE, os.path.join(directory, "socket"),
-                 parent_flag()],
+                cls._command(os.path.join(directory, "socket")),
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -140,6 +151,10 @@ class Zygote:
         zygote = cls(process, directory, timeout)
         _RUNNING[zygote.socket_path] = zygote
         return zygote
+
+    @classmethod
+    def _command(cls, socket_path: str) -> list[str]:
+        return [sys.executable, "-m", ZYGOTE_MODULE, socket_path, parent_flag()]
 
     @property
     def pid(self) -> int:
@@ -172,7 +187,7 @@ class Zygote:
                     connection.sendall(json.dumps(request).encode() + b"\n")
                     line = connection.makefile("rb").readline()
                 except TimeoutError:
-                    raise self._late("was still importing torch") from None
+                    raise self._late("was still importing") from None
                 except OSError as error:
                     raise self._error(f"did not answer ({error})") from None
         if not line:
@@ -198,7 +213,7 @@ class Zygote:
 
     def _late(self, what: str) -> EngineTimeoutError:
         return EngineTimeoutError(
-            f"The engines did not start within timeout={self.limit:g} s: the engine zygote "
+            f"The engines did not start within timeout={self.limit:g} s: the {self.what} "
             f"(pid {self.pid}) {what}. Raise the timeout (Cluster(timeout=...), or `%dist "
             "start --timeout S`) on a slow or busy machine."
         )
@@ -207,8 +222,7 @@ class Zygote:
         text = self.output().strip()
         tail = "\n".join(text.splitlines()[-30:])
         return ClusterStartError(
-            f"The engine zygote (pid {self.pid}) {what}. Set {ZYGOTE_ENV}=0 in the notebook's "
-            "environment to start every engine as a Python process of its own."
+            f"The {self.what} (pid {self.pid}) {what}. {self.fix}"
             + (f"\n--- its output:\n{tail}" if tail else "")
         )
 
@@ -228,6 +242,69 @@ class Zygote:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+class ControllerSpare(Zygote):
+    """A controller process that imported ipyparallel's controller and waits to become the
+    next cluster's controller (`_controller_main` with `SPARE_FLAG`): `fork` hands it the
+    launcher's command line once (`controller_launcher.SpareControllerLauncher`) and returns
+    its own pid. Kept only while this process keeps a cluster warm (`keep_warm`)."""
+
+    what = "spare controller"
+    fix = "Turn the warm start off (`%dist warm off`) to start each controller afresh."
+
+    @classmethod
+    def _command(cls, socket_path: str) -> list[str]:
+        from nbdist.cluster.launch._controller_main import CONTROLLER_MODULE, SPARE_FLAG
+
+        return [sys.executable, "-m", CONTROLLER_MODULE, f"{SPARE_FLAG}{socket_path}",
+                parent_flag()]  # fmt: skip
+
+    def forget(self) -> None:
+        """Stop tracking it without stopping it: it became a cluster's controller, which the
+        cluster's launcher stops (its socket and directory are removed now)."""
+        _RUNNING.pop(self.socket_path, None)
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()  # its stdin is /dev/null now: no end of file seen
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_SPARE_CONTROLLER: list[ControllerSpare] = []  # at most one, only while kept warm
+
+
+def take_spare_controller() -> ControllerSpare | None:
+    """The waiting spare controller (no longer spare), or None when there is none alive."""
+    while _SPARE_CONTROLLER:
+        spare = _SPARE_CONTROLLER.pop()
+        if spare.process.poll() is None:
+            return spare
+        spare.stop()
+    return None
+
+
+def spare_controller() -> ControllerSpare | None:
+    """The spare controller waiting for the next start, if any (alive)."""
+    if _SPARE_CONTROLLER and _SPARE_CONTROLLER[0].process.poll() is None:
+        return _SPARE_CONTROLLER[0]
+    return None
+
+
+def start_spare_controller(timeout: float = 120.0) -> None:
+    """Start a spare controller for the next local start, when this process keeps a cluster
+    warm (`keep_warm(True)`) and none waits (`Cluster.stop` calls it, so a restart takes it)."""
+    if not _WARM[0] or not zygote_wanted("local"):
+        return
+    if _SPARE_CONTROLLER and _SPARE_CONTROLLER[0].process.poll() is None:
+        return
+    _discard_spare_controller()
+    _SPARE_CONTROLLER.append(ControllerSpare.start(timeout))
+    _register_atexit()
+
+
+def _discard_spare_controller() -> None:
+    while _SPARE_CONTROLLER:
+        _SPARE_CONTROLLER.pop().stop()
+
+
 _SPARE: list[Zygote] = []  # at most one: started ahead of a start that will take it
 _WARM: list[bool] = [False]  # keep_warm(True): a spare is kept ready between clusters
 
@@ -243,7 +320,8 @@ def start_spare(launcher: str = "local", timeout: float = 120.0) -> None:
         return
     if _SPARE and _SPARE[0].process.poll() is None:
         return
-    discard_spare()
+    while _SPARE:
+        _SPARE.pop().stop()
     _SPARE.append(Zygote.start(timeout))
     _register_atexit()
 
@@ -259,12 +337,13 @@ def take_spare() -> Zygote | None:
 
 
 def discard_spare(unless_warm: bool = False) -> None:
-    """Stop the spare zygote, if any (a `%dist start` that failed before starting); with
-    `unless_warm`, only when it is not kept warm (`keep_warm`)."""
+    """Stop the spare zygote and spare controller, if any (a `%dist start` that failed before
+    starting); with `unless_warm`, only when they are not kept warm (`keep_warm`)."""
     if unless_warm and _WARM[0]:
         return
     while _SPARE:
         _SPARE.pop().stop()
+    _discard_spare_controller()
 
 
 def return_spare(zygote: Zygote) -> bool:
@@ -274,7 +353,8 @@ def return_spare(zygote: Zygote) -> bool:
         return False
     if _SPARE and _SPARE[0].process.poll() is None:
         return False
-    discard_spare()
+    while _SPARE:
+        _SPARE.pop().stop()
     _SPARE.append(zygote)
     return True
 
@@ -283,9 +363,11 @@ def keep_warm(on: bool, timeout: float = 120.0) -> Zygote | None:
     """Keep an engine zygote ready between clusters (`on`), or not (the default).
 
     On: a zygote is started now (unless one waits already) and imports torch, ipyparallel's
-    engine and nbdist's engine side; the next local `Cluster.start` forks its engines from it
-    without waiting for those imports, and `stop()` hands it back instead of stopping it. It
-    holds its memory meanwhile (docs/notebooks.md says how much). Off: the waiting zygote is
+    engine and nbdist's engine side, and a spare controller imports ipyparallel's controller;
+    the next local `Cluster.start` forks its engines from the zygote and makes the spare its
+    controller without waiting for those imports; `stop()` hands the zygote back instead of
+    stopping it and starts the next spare controller. They hold their memory meanwhile
+    (docs/notebooks.md says how much). Off: the waiting zygote is
     stopped now; a cluster's own zygote stops with it again. Either way it stops when this
     process exits or dies. `%dist warm on|off` calls this.
 
@@ -297,6 +379,7 @@ def keep_warm(on: bool, timeout: float = 120.0) -> Zygote | None:
         discard_spare()
         return None
     start_spare("local", timeout)
+    start_spare_controller(timeout)
     return warm_zygote()
 
 
