@@ -80,6 +80,9 @@ def _import_engine_modules() -> None:
     from nbdist.cluster.engine_side import entry_points, guards, joining  # noqa: F401
     from nbdist.cluster.launch import _engine_main  # noqa: F401
 
+    # pydevd (imported by ipykernel.debugger) warns at import that Python's frozen modules may
+    # hide breakpoints, in the zygote's log; the engines' own environment is the launcher's
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     for module in _IMPORTED_BY_EACH_ENGINE:  # what an engine imports as it starts, once here
         with contextlib.suppress(Exception):  # a missing optional one: the engine skips it too
             __import__(module)
@@ -92,6 +95,15 @@ _IMPORTED_BY_EACH_ENGINE = (
     "IPython.extensions.storemagic",
     "sqlite3",
     "tornado.queues",
+    "tornado.platform.asyncio",
+    "bdb",
+    "numpy.random",  # each engine's fresh seed (`_reseed`)
+    # what joining the group imports: the strategy, collectives and values (~50 modules)
+    "nbdist.strategies.multi_worker",
+    "nbdist.strategies.resizable",
+    "nbdist.cluster.engine_side.publisher",
+    "nbdist.cluster.engine_side.progress",
+    "nbdist.cluster.engine_side.stacks",
 )
 """Modules each forked engine imported after the fork (its kernel's start), found by comparing
 an engine's `sys.modules` with the zygote's; none starts a thread or opens a file."""
