@@ -255,8 +255,8 @@ _NBDIST_NO_SPARE = _NBDIST.replace(
 
 WARM = "nbdist, %dist warm on"
 """The side whose notebook ran `%load_ext nbdist` and `%dist warm on` earlier, and waited for
-the warm zygote's and spare controller's imports to end: what a later `%dist start` costs (its `%load_ext` is then
-nothing)."""
+the warm zygote's and spare controller's imports to end: what a later `%dist start` costs
+(its `%load_ext` is then nothing)."""
 
 _NBDIST_WARM = _NBDIST.replace(
     "cpu_before = _own_cpu()",
