@@ -30,6 +30,7 @@ from .conftest import require_hosts
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 START_S = 120.0
+HOSTS = "h1:1,h2:1,h3:1"
 TARGET = 0.9
 """Test accuracy of the digits classifier the training must reach (as tests/ps)."""
 RESPONSIVE_S = 5.0
@@ -55,17 +56,26 @@ def hosts() -> Iterator[HostCluster]:
         assert cluster.token not in listed, listed
 
 
-def cluster_line(hosts: HostCluster, folder: Path, spec: str, timeout: float) -> str:
-    """The kernel's code that makes (not starts) the PS cluster on `spec`'s hosts."""
-    options = {
+def launcher_options(hosts: HostCluster, folder: Path) -> dict[str, object]:
+    """ssh into the namespace hosts with the cluster's key; the same Python there."""
+    return {
         "ssh_args": ["-F", str(hosts.ssh_config)],
         "scp_args": ["-F", str(hosts.ssh_config)],
         "remote_python": sys.executable,
         "remote_profile_dir": str(folder / "remote-profile"),
     }
+
+
+def start_line(hosts: HostCluster, folder: Path) -> str:
+    """`%dist start` of the PS cluster: 1 engine on each of h1, h2, h3; the last is the ps."""
+    options = " ".join(
+        f"--launcher-option \"{key}={value!r}\""
+        if isinstance(value, list) else f"--launcher-option {key}={value}"
+        for key, value in launcher_options(hosts, folder).items()
+    )  # fmt: skip
     return (
-        f"cluster = nd.Cluster(strategy='parameter_server', num_ps=1, launcher='ssh', "
-        f"hosts={spec!r}, timeout={timeout}, launcher_options={options!r})"
+        f"%dist start --strategy parameter_server --ps 1 --launcher ssh "
+        f"--hosts {HOSTS} --timeout {START_S:g} {options}"
     )
 
 
@@ -73,12 +83,13 @@ def cluster_line(hosts: HostCluster, folder: Path, spec: str, timeout: float) ->
 def kernel(hosts: HostCluster, tmp_path_factory) -> Iterator[HostKernel]:
     folder = tmp_path_factory.mktemp("ps-across")
     with HostKernel(hosts, env={"IPYTHONDIR": str(folder / "ipython")}) as k:
+        k.execute("%load_ext nbdist")
         k.execute("import time, torch, nbdist as nd\nfrom nbdist.app import ps_training")
         k.folder = folder  # type: ignore[attr-defined]
         try:
             yield k
         finally:
-            k.execute("cluster.stop()", timeout=120, allow_error=True)
+            k.execute("%dist stop", timeout=120, allow_error=True)
 
 
 def result(kernel: HostKernel, code: str, timeout: float = 180.0):
@@ -104,12 +115,10 @@ def test_start_puts_the_ps_on_the_last_host_listening_on_its_bridge_address(
     hosts: HostCluster, kernel: HostKernel
 ):
     began = time.monotonic()
-    kernel.execute(
-        cluster_line(hosts, kernel.folder, "h1:1,h2:1,h3:1", START_S) + "\ncluster.start()\n"
-        "strategy, coordinator = cluster.strategy, cluster.coordinator",
-        timeout=START_S + 60,
-    )
-    print(f"\nPS cluster on 3 hosts started in {time.monotonic() - began:.1f} s")
+    reply = kernel.execute(start_line(hosts, kernel.folder), timeout=START_S + 60)
+    print(f"\nPS cluster on 3 hosts started in {time.monotonic() - began:.1f} s\n{reply['stdout']}")
+    status = kernel.execute("%dist status")["stdout"]
+    assert "1 ps engine(s)" in status and all(h in status for h in ("h1", "h2", "h3")), status
     roles, engine_hosts, ps = result(
         kernel, "(cluster.roles, [e.host for e in cluster.engines], strategy.ps_addresses)"
     )
@@ -168,7 +177,7 @@ def test_a_worker_host_cut_off_mid_training_its_closures_run_on_the_other(
 
 
 def test_stop_leaves_nothing_on_any_host(hosts: HostCluster, kernel: HostKernel):
-    reply = kernel.execute("cluster.stop()", timeout=120)
+    reply = kernel.execute("%dist stop", timeout=120)
     assert "Traceback" not in reply["stdout"] + reply["stderr"], reply
     deadline = time.monotonic() + 30
     while any(hosts.processes(n) for n in ("h1", "h2", "h3")):
@@ -184,8 +193,10 @@ def test_an_unreachable_ps_host_is_a_named_error_within_the_start_timeout(
     try:
         began = time.monotonic()
         reply = kernel.execute(
-            cluster_line(hosts, kernel.folder, "h1:1,h2:1,h3:1", UNREACHABLE_START_S)
-            + "\ncluster.start()",
+            f"cluster = nd.Cluster(strategy='parameter_server', num_ps=1, launcher='ssh', "
+            f"hosts={HOSTS!r}, timeout={UNREACHABLE_START_S:g}, "
+            f"launcher_options={launcher_options(hosts, kernel.folder)!r})\n"
+            "cluster.start()",
             timeout=UNREACHABLE_START_S + 120,
             allow_error=True,
         )
@@ -195,7 +206,7 @@ def test_an_unreachable_ps_host_is_a_named_error_within_the_start_timeout(
     text = reply["stdout"] + reply["stderr"] + str(reply["error"])
     print(f"\nstart with h3 cut off: {took:.1f} s\n{text}")
     assert reply["error"] is not None
-    assert "h3" in text and "Error" in text, text
+    assert "ClusterStartError" in text and "h3: ssh" in text, text
     assert took < UNREACHABLE_START_S + SLACK_S
     deadline = time.monotonic() + 30
     while any(hosts.processes(n) for n in ("h1", "h2")):
