@@ -193,7 +193,8 @@ class PSCluster(Cluster, strategy="parameter_server"):
 
     def restart_worker(self, index: int) -> None:
         """Start a fresh engine as worker `index` (after the old one died); the coordinator
-        gives it work as soon as it is registered."""
+        gives it work as soon as it is registered. Engines on this machine only (an ssh
+        cluster's workers are on hosts: an `InvalidArgumentError` says what to do instead)."""
         self._require_running("cluster.restart_worker")
         if (
             isinstance(index, bool)
@@ -202,6 +203,14 @@ class PSCluster(Cluster, strategy="parameter_server"):
         ):
             raise InvalidArgumentError(
                 f"worker index {index!r} is not one of 0..{self.num_workers - 1}."
+            )
+        if self._plan.launcher != "local":
+            raise InvalidArgumentError(
+                "cluster.restart_worker(i) starts a fresh engine on this machine; this cluster's "
+                f"engines run on hosts over {self._plan.launcher}. Its other workers run the "
+                "dead worker's functions meanwhile; for a fresh cluster run `%dist restart` "
+                "(cluster.restart()) and restore the model from the last checkpoint "
+                "(docs/parameter-server.md)."
             )
         from nbdist.cluster.engine_side.joining import describe
 

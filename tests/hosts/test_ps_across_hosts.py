@@ -140,10 +140,10 @@ def test_start_puts_the_ps_on_the_last_host_listening_on_its_bridge_address(
 
 
 def test_training_across_hosts_reaches_the_target_accuracy(kernel: HostKernel):
-    kernel.execute(TRAIN.format(seed=0, closures=60))
+    kernel.execute(TRAIN.format(seed=0, closures=80))
     began = time.monotonic()
     accuracy, workers = result(kernel, EVALUATE)
-    print(f"\n60 closures on 2 worker hosts: {time.monotonic() - began:.1f} s, "
+    print(f"\n80 closures on 2 worker hosts: {time.monotonic() - began:.1f} s, "
           f"accuracy {accuracy}, per worker {workers.count(0)}/{workers.count(1)}")  # fmt: skip
     assert accuracy >= TARGET
     assert set(workers) == {0, 1}  # both worker hosts ran closures
@@ -172,6 +172,11 @@ def test_a_worker_host_cut_off_mid_training_its_closures_run_on_the_other(
         f"accuracy {accuracy}"
     )
     assert answered < RESPONSIVE_S
+    status = kernel.execute("%dist status")["stdout"]
+    assert "Worker replica(s) [0] are dead" in status and "scale" not in status, status
+    refused = kernel.execute("cluster.restart_worker(0)", allow_error=True)
+    assert refused["error"]["ename"] == "InvalidArgumentError", refused
+    assert "%dist restart" in refused["error"]["evalue"], refused
     assert [workers[i] for i in pending] == [1] * len(pending)  # every one re-run on h2
     assert accuracy >= TARGET
 
