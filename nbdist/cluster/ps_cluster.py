@@ -1,8 +1,10 @@
 """`PSCluster`: `nd.Cluster(n, strategy="parameter_server", num_ps=1)`: engines as the worker
 and ps tasks of a `ParameterServerStrategy`, the notebook as its chief.
 
-The last `num_ps` engines become ps tasks (each serves its variables on a free 127.0.0.1
-port); the others are workers, reached through `ps_dispatch.EngineChannel`. `cluster.strategy`
+The last `num_ps` engines (in `hosts`' order with `launcher="ssh"`) become ps tasks, each
+serving its variables on a free port of the address that reaches the notebook (127.0.0.1 on
+this machine; Note [PS engines across hosts]); the others are workers, reached through
+`ps_dispatch.EngineChannel`. `cluster.strategy`
 is the chief's `ParameterServerStrategy`, `cluster.coordinator` its `ClusterCoordinator`.
 `restart_worker(i)` starts a fresh engine in place of worker `i` (one that died); the
 coordinator sends it work and rebuilds its per-worker datasets there.
@@ -38,7 +40,8 @@ class PSCluster(Cluster, strategy="parameter_server"):
         variable_partitioner: As `nd.ParameterServerStrategy`'s: None, or a callable
             `(shape, dtype) -> [k, 1, ...]` such as
             `nd.experimental.partitioners.FixedShardsPartitioner(2)`.
-        Other arguments as `nd.Cluster` (engines are CPU engines on this machine).
+        Other arguments as `nd.Cluster` (CPU engines, on this machine or with
+            `launcher="ssh", hosts="h1:1,h2:1,h3:1"` on hosts: the last host's are the ps).
     """
 
     def __init__(
