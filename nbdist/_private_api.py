@@ -114,10 +114,16 @@ def tensor_version(tensor: torch.Tensor) -> int:
     return tensor._version  # noqa: SLF001
 
 
-def gloo_options(timeout: datetime.timedelta, loopback: bool) -> Any:
+def gloo_options(
+    timeout: datetime.timedelta, loopback: bool, address: str | None = None
+) -> Any:
     """`ProcessGroupGloo._Options` for a group made with `dist.ProcessGroupGloo(store, rank,
     size, options)`: `timeout` for its collectives, on the loopback device (`loopback`, for a
-    peer on 127.0.0.1) or the host's default one."""
+    peer on 127.0.0.1), the device holding `address` (this machine's address that reaches the
+    peer), the interface named by `GLOO_SOCKET_IFNAME` when that is set, or the host's default
+    one."""
+    import os
+
     import torch.distributed as dist
 
     gloo = dist.ProcessGroupGloo
@@ -125,6 +131,11 @@ def gloo_options(timeout: datetime.timedelta, loopback: bool) -> Any:
     options._timeout = timeout  # noqa: SLF001
     if loopback:
         options._devices = [gloo.create_device(hostname="127.0.0.1")]  # noqa: SLF001
+    elif os.environ.get("GLOO_SOCKET_IFNAME"):
+        interface = os.environ["GLOO_SOCKET_IFNAME"].split(",")[0]
+        options._devices = [gloo.create_device(interface=interface)]  # noqa: SLF001
+    elif address:
+        options._devices = [gloo.create_device(hostname=address)]  # noqa: SLF001
     else:
         options._devices = [gloo.create_default_device()]  # noqa: SLF001
     return options

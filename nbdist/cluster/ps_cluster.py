@@ -1,8 +1,10 @@
 """`PSCluster`: `nd.Cluster(n, strategy="parameter_server", num_ps=1)`: engines as the worker
 and ps tasks of a `ParameterServerStrategy`, the notebook as its chief.
 
-The last `num_ps` engines become ps tasks (each serves its variables on a free 127.0.0.1
-port); the others are workers, reached through `ps_dispatch.EngineChannel`. `cluster.strategy`
+The last `num_ps` engines (in `hosts`' order with `launcher="ssh"`) become ps tasks, each
+serving its variables on a free port of the address that reaches the notebook (127.0.0.1 on
+this machine; Note [PS engines across hosts]); the others are workers, reached through
+`ps_dispatch.EngineChannel`. `cluster.strategy`
 is the chief's `ParameterServerStrategy`, `cluster.coordinator` its `ClusterCoordinator`.
 `restart_worker(i)` starts a fresh engine in place of worker `i` (one that died); the
 coordinator sends it work and rebuilds its per-worker datasets there.
@@ -38,7 +40,8 @@ class PSCluster(Cluster, strategy="parameter_server"):
         variable_partitioner: As `nd.ParameterServerStrategy`'s: None, or a callable
             `(shape, dtype) -> [k, 1, ...]` such as
             `nd.experimental.partitioners.FixedShardsPartitioner(2)`.
-        Other arguments as `nd.Cluster` (engines are CPU engines on this machine).
+        Other arguments as `nd.Cluster` (CPU engines, on this machine or with
+            `launcher="ssh", hosts="h1:1,h2:1,h3:1"` on hosts: the last host's are the ps).
     """
 
     def __init__(
@@ -70,17 +73,15 @@ class PSCluster(Cluster, strategy="parameter_server"):
                 f"num_ps={num_ps}: a ParameterServerStrategy needs at least one ps task; pass "
                 "num_ps=1."
             )
-        n = num_ps + 2 if n is None else n
-        if isinstance(n, int) and not isinstance(n, bool) and n - num_ps < 1:
-            raise InvalidArgumentError(
-                f"n={n} engines with num_ps={num_ps} leaves no worker: n counts workers and ps "
-                f"tasks together; pass e.g. n={num_ps + 2}, num_ps={num_ps}."
-            )
+        if n is None and hosts is None:
+            n = num_ps + 2  # with hosts, their counts decide
+        self._check_workers(n, num_ps)
         if gpus not in (None, "none"):
             raise InvalidArgumentError(
                 f"gpus={gpus!r}: strategy='parameter_server' starts CPU engines; leave gpus out."
             )
         super().__init__(n, "none", hosts, launcher, backend, "parameter_server", timeout, **kwargs)
+        self._check_workers(self._plan.n, num_ps)
         options = self._plan.communication
         if options.bytes_per_pack or options.compression:
             raise InvalidArgumentError(
@@ -95,6 +96,15 @@ class PSCluster(Cluster, strategy="parameter_server"):
         self._coordinator: Any = None
         self.roles: tuple[str, ...] = ()
         """Per engine (in `engines` order): `"worker"` or `"ps"`."""
+
+    @staticmethod
+    def _check_workers(n: Any, num_ps: int) -> None:
+        if isinstance(n, int) and not isinstance(n, bool) and n - num_ps < 1:
+            raise InvalidArgumentError(
+                f"n={n} engines with num_ps={num_ps} leaves no worker: n (or the hosts' "
+                "counts) counts workers and ps tasks together; pass e.g. "
+                f"n={num_ps + 2}, num_ps={num_ps}."
+            )
 
     @property
     def num_workers(self) -> int:
@@ -117,31 +127,46 @@ class PSCluster(Cluster, strategy="parameter_server"):
         return self._coordinator
 
     def _join(self, deadline: float) -> None:
+        from ipyparallel.client.asyncresult import AsyncResult
+
+        from nbdist.cluster.bringup import controller_address
         from nbdist.cluster.engine_side.joining import describe
+        from nbdist.cluster.launch.startup import rank_engines
         from nbdist.cluster_resolver import ClusterSpec, SimpleClusterResolver
         from nbdist.strategies.parameter_server import ParameterServerStrategy, ps_task
 
         plan = self._plan
-        ids = sorted(self._client.ids)[: plan.n]
-        view = self._client.direct_view(ids)
+        client = self._client
+        # Note [PS engines across hosts]: engines are ordered as the other clusters' ranks
+        # (by host, in `hosts`' order), so the last `num_ps` (the ps tasks) are on the last
+        # host(s) named, whatever order they registered in. Each reports the address its
+        # traffic to the controller leaves from (127.0.0.1 on this machine); a ps task
+        # listens on that address only, and the notebook and the workers reach it there.
+        controller = controller_address(self._settings, client)
+        registered = sorted(client.ids)[: plan.n]
         described = wait_all(
-            view.apply_async(describe, "127.0.0.1"),
+            client.direct_view(registered).apply_async(describe, controller),
             deadline,
             "describing",
             plan.timeout,
         )
+        ranked = rank_engines(plan, registered, described)
+        ids = [engine_id for engine_id, _, _ in ranked]
+        info = {engine_id: described for engine_id, described, _ in ranked}
         workers, ps_ids = ids[: self.num_workers], ids[self.num_workers :]
         served = wait_all(
-            self._client.direct_view(ps_ids).apply_async(ps_task.start_here, "127.0.0.1"),
+            AsyncResult.join(*(
+                client.direct_view([i]).apply_async(ps_task.start_here, info[i]["address"])
+                for i in ps_ids
+            )),
             deadline,
             "starting the ps tasks",
             plan.timeout,
-        )
-        info = dict(zip(ids, described))
+        )  # fmt: skip
         spec = ClusterSpec(
             {
-                "chief": ["127.0.0.1:0"],
-                "worker": [f"127.0.0.1:{info[i]['free_port']}" for i in workers],
+                "chief": [f"{controller}:0"],
+                "worker": [f"{info[i]['address']}:{info[i]['free_port']}" for i in workers],
                 "ps": [s["address"] for s in served],
             }
         )
@@ -171,7 +196,8 @@ class PSCluster(Cluster, strategy="parameter_server"):
 
     def restart_worker(self, index: int) -> None:
         """Start a fresh engine as worker `index` (after the old one died); the coordinator
-        gives it work as soon as it is registered."""
+        gives it work as soon as it is registered. Engines on this machine only (an ssh
+        cluster's workers are on hosts: an `InvalidArgumentError` says what to do instead)."""
         self._require_running("cluster.restart_worker")
         if (
             isinstance(index, bool)
@@ -180,6 +206,14 @@ class PSCluster(Cluster, strategy="parameter_server"):
         ):
             raise InvalidArgumentError(
                 f"worker index {index!r} is not one of 0..{self.num_workers - 1}."
+            )
+        if self._plan.launcher != "local":
+            raise InvalidArgumentError(
+                "cluster.restart_worker(i) starts a fresh engine on this machine; this cluster's "
+                f"engines run on hosts over {self._plan.launcher}. Its other workers run the "
+                "dead worker's functions meanwhile; for a fresh cluster run `%dist restart` "
+                "(cluster.restart()) and restore the model from the last checkpoint "
+                "(docs/parameter-server.md)."
             )
         from nbdist.cluster.engine_side.joining import describe
 

@@ -458,7 +458,9 @@ class DistMagics(Magics):
                 f"Replica {rank} {note}; cells wait until it finishes (`%dist restart` to stop "
                 "waiting: engine state is lost)."
             )
-        if dead:
+        if dead and getattr(cluster, "num_ps", None):
+            print(_ps_dead_note(cluster, dead))
+        elif dead:
             print(
                 f"Replica(s) {dead} are dead: run `%dist scale --survivors` to continue on the "
                 "live engines with their state, or `%dist restart` (engine state is lost)."
@@ -603,3 +605,26 @@ def unload(shell: Any) -> None:
                 magics.cluster.stop()
                 magics.cluster = None
             _instances.discard(magics)
+
+
+def _ps_dead_note(cluster: Any, dead: list[int]) -> str:
+    """What `%dist status` says of dead engines of a parameter_server cluster: a dead worker's
+    functions run on the other workers (`%dist scale` refuses these clusters); a dead ps task's
+    variables are lost."""
+    roles = getattr(cluster, "roles", ())
+    workers = [r for r in dead if r < len(roles) and roles[r] == "worker"]
+    ps = [r for r in dead if r not in workers]
+    notes = []
+    if workers:
+        notes.append(
+            f"Worker replica(s) {workers} are dead: the coordinator runs their functions on the "
+            "other workers; `cluster.restart_worker(i)` starts a fresh engine as worker i "
+            "(engines on this machine), `%dist restart` a fresh cluster (the ps tasks' "
+            "variables are lost)."
+        )
+    if ps:
+        notes.append(
+            f"ps replica(s) {ps} are dead: their variables are lost; `%dist restart` and "
+            "restore the model from the last checkpoint (docs/parameter-server.md)."
+        )
+    return "\n".join(notes)

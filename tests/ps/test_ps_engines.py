@@ -88,7 +88,8 @@ def test_engines_train_survive_a_killed_worker_and_report_a_dead_ps():
         ({"n": 1, "num_ps": 1}, "leaves no worker"),
         ({"n": 3, "num_ps": "1"}, "whole number"),
         ({"n": 3, "gpus": "all"}, "CPU engines"),
-        ({"n": 3, "launcher": "ssh", "hosts": "a:3"}, "on this machine only"),
+        ({"n": 3, "launcher": "mpi"}, "not with launcher='mpi'"),
+        ({"launcher": "ssh", "hosts": "a:1,b:1", "num_ps": 2}, "leaves no worker"),
     ],
 )
 def test_bad_parameter_server_clusters_are_refused_before_starting(kwargs, message):

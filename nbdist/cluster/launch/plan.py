@@ -296,10 +296,11 @@ def make_plan(
         raise InvalidArgumentError(
             f"timeout must be finite, got {timeout!r}; pass e.g. timeout=120."
         )
-    if strategy == "parameter_server" and (launcher != "local" or hosts is not None):
+    if strategy == "parameter_server" and launcher not in ("local", "ssh"):
         raise InvalidArgumentError(
-            "strategy='parameter_server' starts its engines on this machine only (launcher="
-            "'local', no hosts); on several machines run nd.Server tasks from TF_CONFIG "
+            f"strategy='parameter_server' starts its engines on this machine (launcher="
+            f"'local') or on hosts over ssh (launcher='ssh', hosts='node1:1,node2:1,...'), not "
+            f"with launcher={launcher!r}; under {launcher} run nd.Server tasks from TF_CONFIG "
             "(docs/parameter-server.md)."
         )
     parsed_hosts = parse_hosts(hosts) if hosts is not None else None

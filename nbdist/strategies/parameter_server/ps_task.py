@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -33,10 +34,15 @@ __all__ = ["PSTask"]
 class PSTask:
     """The variables of one ps task and the threads serving them."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, timeout: float = 300.0):
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, timeout: float = 300.0, *,
+        bind_only: bool = False,
+    ):  # fmt: skip
         self.host = host
         self._port = port
         self._timeout = timeout
+        self._bind_only = bind_only
+        """Listen on `host` only, not on every interface (Note [A ps store on one address])."""
         self._variables: dict[int, torch.Tensor] = {}
         self._slots: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         """Optimizer state kept with the variables: (shard id, optimizer id) -> name -> value."""
@@ -55,13 +61,23 @@ class PSTask:
 
     def start(self) -> PSTask:
         """Listen and serve in background threads; returns at once."""
+        # Note [A ps store on one address]: torch's TCPStore server listens on every
+        # interface, and it has no authentication. A ps task that `nd.Cluster` starts
+        # (`start_here`) listens on the address that reaches the notebook and the workers only:
+        # the socket is opened here and handed to the store. A TF_CONFIG script's ps keeps
+        # torch's default (other tasks may reach it through another of its addresses).
+        listener = _listen(self.host, self._port) if self._bind_only else None
+        port = listener.getsockname()[1] if listener is not None else self._port
+        extra = {"master_listen_fd": listener.detach()} if listener is not None else {}
         self._store = dist.TCPStore(
             self.host,
-            self._port,
+            port,
             is_master=True,
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=30),
+            **extra,
         )
+        self._port = port
         self._thread = threading.Thread(target=self._accept, name="nbdist-ps-accept", daemon=True)
         self._thread.start()
         _register_exit(self)
@@ -185,6 +201,19 @@ class PSTask:
         raise InvalidArgumentError(f"unknown request {op!r}")
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on `host:port` only (port 0: a free one)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(socket.SOMAXCONN)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
 _tasks: list[PSTask] = []
 
 
@@ -225,10 +254,9 @@ _here: dict[str, PSTask] = {}
 
 def start_here(host: str = "127.0.0.1") -> dict[str, Any]:
     """Make this process (an engine) a ps task on `host` and a free port; returns its address,
-    pid and host name. Called once per ps engine by `nd.Cluster(strategy="parameter_server")`."""
-    import socket
-
+    pid and host name. Called once per ps engine by `nd.Cluster(strategy="parameter_server")`
+    with the engine's address that reaches the notebook; it listens there only."""
     if "task" not in _here:
-        _here["task"] = PSTask(host, 0).start()
+        _here["task"] = PSTask(host, 0, bind_only=True).start()
     task = _here["task"]
     return {"address": f"{host}:{task.port}", "pid": os.getpid(), "host": socket.gethostname()}

@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import math
 import pickle
+import socket
 import threading
 import weakref
 from typing import Any
@@ -57,7 +58,30 @@ def connect_store(address: str, timeout: float) -> dist.TCPStore:
 
 def _options(host: str, timeout: float) -> Any:
     loopback = host.startswith("127.") or host == "localhost"
-    return gloo_options(datetime.timedelta(seconds=timeout), loopback)
+    address = None if loopback else _address_towards(host)
+    return gloo_options(datetime.timedelta(seconds=timeout), loopback, address)
+
+
+def _address_towards(host: str) -> str | None:
+    """This machine's IPv4 address on the route to `host` (the ps task's own address on the
+    ps side); None when `host` does not resolve or no route leads there.
+
+    Note [A pair on the route's address]: gloo's default device binds to what this machine's
+    own name resolves to: on Debian often 127.0.1.1, which no other host reaches, so a ps
+    task and its clients on different hosts never formed a pair. The pair uses the address
+    the route to the ps leaves from instead (asking the routing table sends no packet; a
+    UDP socket's `connect`). `GLOO_SOCKET_IFNAME`, when set, still picks the interface.
+    """
+    try:
+        target = socket.gethostbyname(host)
+    except OSError:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((target, 9))
+        except OSError:
+            return None
+        return str(probe.getsockname()[0])
 
 
 def form_pair(store: Any, session: int, rank: int, host: str, timeout: float) -> Pair:
