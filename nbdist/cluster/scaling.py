@@ -35,17 +35,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from nbdist._private_api import launcher_has_exited
 from nbdist.cluster import _wire
 from nbdist.cluster.bringup import Greeter, controller_address
 from nbdist.cluster.engine_side import joining, resize
 from nbdist.cluster.errors import (
     ClusterInterrupted,
+    ClusterStartError,
     EngineTimeoutError,
     ScaleFailedError,
     ScaleRefusedError,
 )
 from nbdist.cluster.launch.processes import pid_alive
-from nbdist.cluster.launch.startup import wait_all
+from nbdist.cluster.launch.startup import output_tail, wait_all
 from nbdist.cluster.replies import reply_ok
 from nbdist.cluster.size_history import ScaleReport, SizeChange
 from nbdist.cluster.status import EngineInfo
@@ -360,20 +362,34 @@ class Scaling:
         threads = max(1, joining.cores() // target)
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "MPLBACKEND": "Agg"}  # fmt: skip
+        sets = []
         if self._plan.gpus:
             from nbdist.cluster.launch.plan import local_gpu_ids
 
             used = {info.gpu for info in self._engines}
             free = [gpu for gpu in local_gpu_ids() if gpu not in used][:count]
             for gpu in free:
-                self._ipp.start_engines_sync(n=1, environment={**env, "CUDA_VISIBLE_DEVICES": gpu})
+                environment = {**env, "CUDA_VISIBLE_DEVICES": gpu}
+                sets.append(self._ipp.start_engines_sync(n=1, environment=environment))
         else:
-            self._ipp.start_engines_sync(n=count, environment=env)
+            sets.append(self._ipp.start_engines_sync(n=count, environment=env))
         self._record_processes()
+        launchers = [
+            launcher
+            for engine_set in sets
+            for launcher in getattr(self._ipp.engines.get(engine_set), "launchers", {}).values()
+        ]
         while True:
             new = sorted(set(self._client.ids) - known)
             if len(new) >= count:
                 break
+            exited = [launcher for launcher in launchers if launcher_has_exited(launcher)]
+            if exited:
+                pids = ", ".join(str(getattr(launcher, "pid", "?")) for launcher in exited)
+                raise ClusterStartError(
+                    f"new engine process(es) (pid {pids}) exited before registering; their "
+                    f"output:\n{output_tail(self._ipp)}"
+                )
             if time.monotonic() > deadline:
                 raise EngineTimeoutError(
                     f"{len(new)} of {count} new engine(s) registered within the resize's "

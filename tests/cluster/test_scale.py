@@ -293,15 +293,20 @@ def test_survivors_continue_after_a_sigkill(cluster):
     cluster.stop()  # the engine this test started survived (the first one died)
 
 
-def test_a_resize_that_fails_part_way_marks_the_cluster_unusable(start_cluster):
-    """New engines cannot register within a timeout shorter than an engine's start (50 ms:
-    even an engine forked from the zygote takes longer), so the resize fails part-way, by
-    name, with the fix, and the cluster is unusable."""
+def test_a_resize_that_fails_part_way_marks_the_cluster_unusable(start_cluster, monkeypatch):
+    """The new engine exits before registering (its connection information is unreadable: the
+    environment a launched engine inherits from the notebook names a broken one), so the
+    resize fails part-way at once, not at its timeout, by name, with the engine's output and
+    the fix, and the cluster is unusable."""
     cluster = start_cluster(n=2)
-    with pytest.raises(ScaleFailedError, match="registered within") as failed:
-        cluster.scale(cluster.num_engines + 1, timeout=0.05)
+    monkeypatch.setenv("IPP_CONNECTION_INFO", "{not json")  # read by the next engine only
+    began = time.monotonic()
+    with pytest.raises(ScaleFailedError, match="exited before registering") as failed:
+        cluster.scale(cluster.num_engines + 1, timeout=120)
+    assert time.monotonic() - began < 60, "the failure waited for the resize's timeout"
+    assert "JSONDecodeError" in str(failed.value), str(failed.value)  # the engine's output
     assert "%dist restart" in str(failed.value)
     assert cluster.broken is not None
     with pytest.raises(ClusterUnusableError, match="unusable"):
         distribute_cell(cluster, "1", timeout=60)
-    cluster.stop()  # the engine that came up late goes with it (checked after this test)
+    cluster.stop()

@@ -159,16 +159,14 @@ def _engines_at_hub(client: Any, deadline: float) -> list[int]:
         return list(client.ids)
 
 
-# Note [Registrations not heard]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# An ipyparallel Client asks the controller for its engines when it connects, then subscribes
-# to the controller's notifications of new ones. An engine that registers between the two is
-# in neither: ZeroMQ drops what is published before a subscription takes effect, and the
-# client never lists that engine. With engines forked from the zygote, registration begins
-# within a second of the controller's start, just when `Cluster.start` connects its client;
-# on a busy machine one engine in a few hundred starts fell in that gap, and the start failed
-# with "Only 2 of 3 engines registered" although all three had. So the wait also asks the
-# controller itself, once a second, while engines are missing.
+# Note [Registrations not heard]: an ipyparallel Client asks the controller for its engines when
+# it connects, then subscribes to the controller's notifications of new ones. An engine that
+# registers between the two is in neither: ZeroMQ drops what is published before a subscription
+# takes effect, and the client never lists that engine. With engines forked from the zygote,
+# registration begins within a second of the controller's start, just when `Cluster.start`
+# connects its client; on a busy machine one engine in a few hundred starts fell in that gap, and
+# the start failed with "Only 2 of 3 engines registered" although all three had. So the wait also
+# asks the controller itself, once a second, while engines are missing.
 
 
 def wait_all(
