@@ -405,6 +405,8 @@ class ReductionsView:
         self.widget = ipywidgets.VBox([self.caption, self.image])
         self.key: Any = None
         self.straggler: int | None = None
+        self.straggler_host: str | None = None
+        """The straggler's host, where the replicas run on more than one host (else None)."""
         self.count = 0
         self.totals: dict[str, dict] = {}
         self.stuck = ""
@@ -426,12 +428,13 @@ class ReductionsView:
         self.count = len(records)
         self.totals = op_totals(records, data.aggregates)
         self.straggler = straggler(records, _WINDOW)
+        self.straggler_host = _host_of(self.straggler, data)
         self.link = link_text(records[-_SCATTER:])
         if self._panels is None:
             self._panels = ReductionsPanels(new_figure(9, 5.5))
         self._panels.show(data)
         self.image.value = self._panels.png()
-        late = f"replica {self.straggler}" if self.straggler is not None else "none"
+        late = self._late()
         folded = sum(t["folded"] for t in self.totals.values())
         self._summary = (
             f"<span class='nd-count'>{self.count}</span> collectives"
@@ -444,6 +447,13 @@ class ReductionsView:
         self.caption.value = stuck_note + self._summary
         return True
 
+    def _late(self) -> str:
+        """"replica 1", "replica 2 on h2" (replicas on several hosts), or "none"."""
+        if self.straggler is None:
+            return "none"
+        where = f" on {self.straggler_host}" if self.straggler_host else ""
+        return f"replica {self.straggler}{where}"
+
     @property
     def summary(self) -> str:
         """The caption as plain text, for `print` (the caption itself is HTML for the widget).
@@ -452,7 +462,7 @@ class ReductionsView:
             >>> ReductionsView().summary
             '0 collectives · straggler: none'
         """
-        late = f"replica {self.straggler}" if self.straggler is not None else "none"
+        late = self._late()
         folded = sum(t["folded"] for t in self.totals.values())
         lines = [
             f"{self.count} collectives"
@@ -469,3 +479,12 @@ class ReductionsView:
         if self.stuck:
             lines.insert(0, re.sub(r"<[^>]+>", "", self.stuck.replace("</div>", "\n")).strip())
         return "\n".join(lines)
+
+
+def _host_of(replica: int | None, data: DashboardData) -> str | None:
+    """`replica`'s host when the engines run on more than one host (else None: one machine's
+    name would say nothing)."""
+    hosts = {row.replica: row.host for row in data.engines}
+    if replica is None or len(set(hosts.values())) < 2:
+        return None
+    return hosts.get(replica)
