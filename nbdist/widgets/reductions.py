@@ -25,7 +25,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
 from nbdist.telemetry.records import CollectiveRecord
-from nbdist.telemetry.timeline import STUCK_S, blame, step_split, straggler, stuck
+from nbdist.telemetry.timeline import STUCK_S, blame, slow_links, step_split, straggler, stuck
 from nbdist.widgets._canvas import Blitter, coarse, new_figure, nice
 from nbdist.widgets._data import DashboardData
 
@@ -407,6 +407,10 @@ class ReductionsView:
         self.straggler: int | None = None
         self.straggler_host: str | None = None
         """The straggler's host, where the replicas run on more than one host (else None)."""
+        self.slow_link: list[int] = []
+        """The replicas on a host whose link to the notebook is slow (Note [Slow links] in
+        `nbdist.cluster.links`): stragglers that "who waited for whom" cannot show."""
+        self._slow_text = ""
         self.count = 0
         self.totals: dict[str, dict] = {}
         self.stuck = ""
@@ -418,7 +422,12 @@ class ReductionsView:
     def update(self, data: DashboardData) -> bool:
         records = data.collectives
         stuck_note = stuck_html(data)
-        key = (len(records), records[-1].start if records else None, len(data.steps))
+        hosts = {row.replica: row.host for row in data.engines}
+        if data.link_rates:  # measured on an explicit refresh; one in the thread keeps them
+            self.slow_link = slow_links(data.link_rates, hosts)
+            self._slow_text = _slow_text(self.slow_link, data.link_rates, hosts)
+        key = (len(records), records[-1].start if records else None, len(data.steps),
+               self._slow_text)  # fmt: skip
         if key == self.key:
             if stuck_note != self.stuck:
                 self.stuck = stuck_note
@@ -440,6 +449,7 @@ class ReductionsView:
             f"<span class='nd-count'>{self.count}</span> collectives"
             + (f" (+{folded} older, folded into the totals)" if folded else "")
             + f" · straggler: {late}"
+            + html.escape(self._slow_text)
             + (f"<div class='nd-link'>{html.escape(self.link)}</div>" if self.link else "")
             + _totals_html(self.totals)
         )
@@ -448,7 +458,8 @@ class ReductionsView:
         return True
 
     def _late(self) -> str:
-        """"replica 1", "replica 2 on h2" (replicas on several hosts), or "none"."""
+        """The straggler as the caption names it: replica 1, replica 2 on h2 (replicas on
+        several hosts), or none."""
         if self.straggler is None:
             return "none"
         where = f" on {self.straggler_host}" if self.straggler_host else ""
@@ -468,6 +479,7 @@ class ReductionsView:
             f"{self.count} collectives"
             + (f" (+{folded} older, folded into the totals)" if folded else "")
             + f" · straggler: {late}"
+            + self._slow_text
         ]
         if self.link:
             lines.append(self.link)
@@ -488,3 +500,26 @@ def _host_of(replica: int | None, data: DashboardData) -> str | None:
     if replica is None or len(set(hosts.values())) < 2:
         return None
     return hosts.get(replica)
+
+
+def _slow_text(slow: list[int], rates: dict[int, float], hosts: dict[int, str]) -> str:
+    """The caption's slow-link part (Note [Slow links] in `nbdist.cluster.links`), empty when
+    no link is slow.
+
+    Example:
+        >>> _slow_text([1], {0: 3e8, 1: 1.2e7}, {0: "h1", 1: "h2"})
+        ' · slow link: replica 1 on h2 (12.0 MB/s to the notebook; h1 300.0 MB/s)'
+    """
+    if not slow:
+        return ""
+    best: dict[str, float] = {}
+    for replica, rate in rates.items():
+        best[hosts[replica]] = max(best.get(hosts[replica], 0.0), rate)
+    slow_hosts = sorted({hosts[r] for r in slow})
+    others = "; ".join(f"{h} {best[h] / 1e6:.1f} MB/s" for h in sorted(best) if h not in slow_hosts)
+    names = ", ".join(str(r) for r in slow)
+    mine = ", ".join(f"{best[h] / 1e6:.1f} MB/s" for h in slow_hosts)
+    return (
+        f" · slow link: replica{'s' if len(slow) > 1 else ''} {names} on {', '.join(slow_hosts)}"
+        f" ({mine} to the notebook; {others})"
+    )

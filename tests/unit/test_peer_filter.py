@@ -1,5 +1,4 @@
-"""The store's peer filter (Note [Store peers]) on real loopback sockets, and the straggler
-named with its host when the replicas run on several hosts."""
+"""The store's peer filter (Note [Store peers]) on real loopback sockets."""
 
 from __future__ import annotations
 
@@ -10,9 +9,6 @@ import pytest
 
 from nbdist.collectives.peer_filter import attach, program
 from nbdist.errors import InvalidArgumentError
-from nbdist.telemetry.records import CollectiveRecord
-from nbdist.widgets._data import DashboardData, EngineRow
-from nbdist.widgets.reductions import ReductionsView
 
 DROPPED_AFTER_S = 1.0
 
@@ -49,16 +45,3 @@ def test_only_the_peers_and_loopback_reach_a_filtered_listener():
 def test_too_many_peers_is_a_clear_error():
     with pytest.raises(InvalidArgumentError, match="at most 250 addresses"):
         program([f"10.0.{i // 250}.{i % 250 + 1}" for i in range(300)])
-
-
-def test_the_straggler_is_named_with_its_host_when_replicas_span_hosts():
-    record = CollectiveRecord("all_reduce:SUM", 8, "gloo", (0, 1, 2), 0.0, 0.1, (0.05, 0.05, 0.0))
-    rows = [EngineRow(r, "alive", host, 1, "cpu") for r, host in ((0, "h1"), (1, "h1"), (2, "h2"))]
-    view = ReductionsView()
-    view.update(DashboardData(engines=rows, collectives=[record]))
-    assert "straggler: replica 2 on h2" in view.caption.value
-    assert view.summary.splitlines()[0] == "1 collectives · straggler: replica 2 on h2"
-    alone = ReductionsView()  # one host: its name would say nothing
-    same = [EngineRow(r, "alive", "h1", 1, "cpu") for r in range(3)]
-    alone.update(DashboardData(engines=same, collectives=[record]))
-    assert alone.summary.splitlines()[0] == "1 collectives · straggler: replica 2"
