@@ -61,13 +61,16 @@ def peers_from_env() -> list[str]:
 
 def program(peers: Iterable[str]) -> list[tuple[int, int, int, int]]:
     """The filter: load the IPv4 source address, accept it if it is 127.0.0.1 or one of
-    `peers`, else drop. `(code, jt, jf, k)` per instruction.
+    `peers` (other entries, such as IPv6 addresses, never reach an IPv4 socket and are left
+    out), else drop. `(code, jt, jf, k)` per instruction.
 
     Example:
         >>> len(program(["198.18.0.11"]))  # load, 2 compares, drop, accept
         5
+        >>> len(program(["198.18.0.11", "fe80::1"]))
+        5
     """
-    allowed = sorted({int(ipaddress.IPv4Address(p)) for p in peers} | {0x7F000001})
+    allowed = sorted({int(ipaddress.IPv4Address(p)) for p in peers if _is_ipv4(p)} | {0x7F000001})
     if len(allowed) > _MAX_PEERS:
         from nbdist.errors import InvalidArgumentError
 
@@ -97,4 +100,12 @@ def attach(sock: socket.socket, peers: Iterable[str]) -> bool:
     buffer = ctypes.create_string_buffer(raw, len(raw))
     fprog = struct.pack("HL", len(code), ctypes.addressof(buffer))  # struct sock_fprog
     sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+    return True
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
     return True
