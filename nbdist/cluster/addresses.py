@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
-__all__ = ["address_towards", "interface_with", "strip_user"]
+__all__ = ["address_towards", "interface_with", "store_peers", "strip_user"]
 
 
 def strip_user(host: str) -> str:
@@ -59,3 +59,16 @@ def interface_with(address: str) -> str | None:
             if any(getattr(item, "address", None) == address for item in addresses):
                 return name
     return None
+
+
+def store_peers(engine_addresses: list[str], rendezvous: str) -> list[str]:
+    """The machines that may connect to the rendezvous store (Note [Store peers] in
+    `nbdist.collectives.peer_filter`): every engine's address, and this machine's (the
+    notebook's: it reads heartbeats and writes abort notices there) on the route to the store.
+
+    Example:
+        >>> store_peers(["198.18.0.12", "198.18.0.11", "198.18.0.12"], "127.0.0.1")
+        ['127.0.0.1', '198.18.0.11', '198.18.0.12']
+    """
+    own = address_towards(rendezvous)
+    return sorted(set(engine_addresses) | ({own} if own else set()))

@@ -24,6 +24,7 @@ import socket
 from typing import Any
 
 from nbdist._private_api import client_location
+from nbdist.cluster.addresses import store_peers
 from nbdist.cluster.engine_side import joining
 from nbdist.cluster.errors import ClusterStartError, EngineTimeoutError
 from nbdist.cluster.launch.launchers import (
@@ -111,6 +112,7 @@ class BringUp:
     _client: Any
     _greeter: Greeter | None
     _rendezvous: tuple[str, int] | None
+    _store_peers: list[str]
     _group_prefix: str | None
     _engines: tuple[EngineInfo, ...]
 
@@ -270,6 +272,10 @@ class BringUp:
         greeter = greeter or Greeter(client, controller_address(self._settings, client))
         described = greeter.described(ids, deadline, plan.timeout)
         ranked = rank_engines(plan, ids, described)
+        peers = store_peers([d["address"] for d in described], ranked[0][2]["master_addr"])
+        for _, _, config in ranked:
+            config["peers"] = peers  # Note [Store peers]
+        self._store_peers = peers
         results = [
             client.direct_view([engine_id]).apply_async(joining.bootstrap, config)
             for engine_id, _, config in ranked

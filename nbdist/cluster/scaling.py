@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbdist._private_api import launcher_has_exited
 from nbdist.cluster import _wire
+from nbdist.cluster.addresses import store_peers
 from nbdist.cluster.bringup import Greeter, controller_address
 from nbdist.cluster.engine_side import joining, resize
 from nbdist.cluster.errors import (
@@ -424,6 +425,10 @@ class Scaling:
             "timeout_seconds": plan.communication.timeout_seconds,
             "bytes_per_pack": plan.communication.bytes_per_pack,
             "compression": plan.communication.compression,
+            "peers": store_peers(  # Note [Store peers]: who was in, and who joins
+                [*getattr(self, "_store_peers", ()), *(d["address"] for _, d in joined)],
+                where["address"],
+            ),
         }  # fmt: skip
         parts = []
         for rank, info in enumerate(staying):

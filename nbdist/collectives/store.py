@@ -6,7 +6,9 @@ this machine), rank 0 therefore opens the listening socket itself on that addres
 to the store (`master_listen_fd`). Other addresses get the same when `BIND_STORE_ENV` is "1"
 (nd.Cluster's engines: their rendezvous address is the one the other engines reach); for
 scripts (torchrun, TF_CONFIG) torch's default stays, since on a machine with several networks
-other workers may reach rank 0 through another of its addresses.
+other workers may reach rank 0 through another of its addresses. When `STORE_PEERS_ENV` names
+the cluster's machines (nd.Cluster's engines on other hosts), that socket also drops every
+connection from elsewhere (Note [Store peers] in `nbdist.collectives.peer_filter`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from nbdist.collectives.peer_filter import attach, peers_from_env
 from nbdist.errors import RendezvousError
 
 __all__ = ["BIND_STORE_ENV", "connect_store"]
@@ -113,6 +116,9 @@ def _listen_on(addr: str, port: int) -> socket.socket | None:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind(sockaddr)
             listener.listen(socket.SOMAXCONN)
+            peers = peers_from_env()
+            if peers and not loopback and family == socket.AF_INET:
+                attach(listener, [*peers, sockaddr[0]])  # Note [Store peers]
         except OSError as error:
             listener.close()
             if error.errno == errno.EADDRINUSE:

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["STUCK_S", "blame", "chrome_trace", "step_split", "straggler", "stuck"]
+__all__ = [
+    "SLOW_LINK_RATIO", "STUCK_S", "blame", "chrome_trace", "slow_links", "step_split", "straggler",
+    "stuck",
+]  # fmt: skip
 
 STUCK_S = 5.0
 """A collective whose first replica arrived longer ago than this is shown as stuck."""
@@ -45,6 +48,33 @@ def straggler(collectives: Sequence[tuple], window: int | None = None) -> int | 
     if not totals or max(totals.values()) <= 0:
         return None
     return max(totals, key=totals.__getitem__)
+
+
+SLOW_LINK_RATIO = 3.0
+"""A host whose link is this many times slower than the fastest host's is named."""
+
+
+def slow_links(
+    rates: Mapping[int, float], hosts: Mapping[int, str], ratio: float = SLOW_LINK_RATIO
+) -> list[int]:
+    """The replicas on hosts whose link to the notebook is `ratio` times slower than the
+    fastest host's (Note [Slow links] in `nbdist.cluster.links`); a host's rate is its
+    replicas' best. Empty with fewer than two hosts measured.
+
+    Example:
+        >>> slow_links({0: 3e8, 1: 2.9e8, 2: 1.2e7, 3: 1.1e7}, {0: "h1", 1: "h1", 2: "h2", 3: "h2"})
+        [2, 3]
+    """
+    best: dict[str, float] = {}
+    for replica, rate in rates.items():
+        host = hosts.get(replica)
+        if host is not None:
+            best[host] = max(best.get(host, 0.0), rate)
+    if len(best) < 2:
+        return []
+    fastest = max(best.values())
+    slow = {host for host, rate in best.items() if rate * ratio < fastest}
+    return sorted(r for r in rates if hosts.get(r) in slow)
 
 
 def stuck(pending: Sequence[tuple], now: float, after: float = STUCK_S) -> list[dict]:

@@ -150,6 +150,8 @@ class HostCluster:
             for index, name in enumerate(names)
         }
         self.sshd_pids: dict[str, int] = {}
+        self.outsiders: set[str] = set()
+        """Hosts on the bridge that are not in the cluster (`add_outsider`)."""
         self.from_shell = False
         """Made by `python -m nbdist.testing.hosts up` (what a bare `down` removes)."""
 
@@ -162,7 +164,11 @@ class HostCluster:
     @property
     def engine_hosts(self) -> list[Host]:
         """The hosts that run engines, h1 first."""
-        return [host for name, host in self.hosts.items() if name != NOTEBOOK_HOST]
+        return [
+            host
+            for name, host in self.hosts.items()
+            if name != NOTEBOOK_HOST and name not in self.outsiders
+        ]
 
     @property
     def client_key(self) -> Path:
@@ -254,13 +260,39 @@ class HostCluster:
             found.append((address.strip("[]"), int(port), program))
         return found
 
+    def add_outsider(self, name: str = "x") -> Host:
+        """One more namespace on the bridge that is not in the cluster: the next address, the
+        cluster's names in its hosts file, no sshd, no engines. `close()` removes it.
+
+        Example (as root)::
+
+            with host_cluster(1) as hosts:
+                stranger = hosts.add_outsider()
+                hosts.run(stranger.name, ["ping", "-c1", "h1"])
+        """
+        host = Host(
+            name=name,
+            netns=f"nbd-{self.token}-{name}",
+            address=str(SUBNET.network_address + _FIRST_ADDRESS + len(self.hosts)),
+            veth=f"nbd{self.token}{name}",
+        )
+        self.hosts[name] = host
+        self.outsiders.add(name)
+        self.save_partial()
+        others = [f"{h.address} {h.name}" for h in self.hosts.values()]
+        self._add_host(host, others)
+        return host
+
     def set_link(self, host: str, up: bool) -> None:
         """Cut (`up=False`) or restore `host`'s link to the bridge."""
         _ip("link", "set", self.hosts[host].veth, "up" if up else "down")
 
-    def limit_rate(self, host: str, rate: str | None) -> None:
+    def limit_rate(
+        self, host: str, rate: str | None, *, burst: str = "256kbit", latency: str = "50ms"
+    ) -> None:
         """Limit what `host` sends and receives to `rate` (e.g. "100mbit", `tc`'s token bucket
-        on both ends of its link); None removes the limit."""
+        filter, `burst` and `latency` as `tc-tbf` takes them, on both ends of its link); None
+        removes the limit."""
         target = self.hosts[host]
         pairs = ((None, target.veth), (target.netns, "eth0"))
         for netns, device in pairs:
@@ -273,7 +305,7 @@ class HostCluster:
             else:
                 subprocess.run(
                     [*prefix, "tc", "qdisc", "replace", "dev", device, "root", "tbf",
-                     "rate", rate, "burst", "256kbit", "latency", "50ms"],
+                     "rate", rate, "burst", burst, "latency", latency],
                     capture_output=True, text=True, timeout=30, check=True,
                 )  # fmt: skip
 
@@ -344,6 +376,7 @@ class HostCluster:
                     "engine_hosts": len(self.engine_hosts),
                     "hosts": {n: dataclasses.asdict(h) for n, h in self.hosts.items()},
                     "sshd_pids": self.sshd_pids,
+                    "outsiders": sorted(self.outsiders),
                     "ssh_config": str(self.ssh_config),
                     "from_shell": self.from_shell,
                 },
@@ -359,6 +392,9 @@ class HostCluster:
         cluster = cls(int(data["engine_hosts"]), folder=Path(folder), token=data["token"])
         cluster.sshd_pids = {k: int(v) for k, v in data["sshd_pids"].items()}
         cluster.from_shell = bool(data.get("from_shell"))
+        for name in data.get("outsiders", []):
+            cluster.hosts[name] = Host(**data["hosts"][name])
+            cluster.outsiders.add(name)
         return cluster
 
     def _make_network(self) -> None:
@@ -367,23 +403,27 @@ class HostCluster:
         _ip("link", "set", self.bridge, "up")
         others = [f"{h.address} {h.name}" for h in self.hosts.values()]
         for host in self.hosts.values():
-            # as on Debian, a host's own name resolves to 127.0.1.1 there (Note [Own name])
-            lines = ["127.0.0.1 localhost", f"127.0.1.1 {host.name}", *others]
-            _ip("netns", "add", host.netns)
-            _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns",
-                host.netns)  # fmt: skip
-            _no_ipv6(None, host.veth)
-            _no_ipv6(host.netns, "all")
-            _no_ipv6(host.netns, "default")
-            _ip("link", "set", host.veth, "master", self.bridge, "up")
-            _ip("-n", host.netns, "addr", "add", f"{host.address}/{SUBNET.prefixlen}", "dev",
-                "eth0")  # fmt: skip
-            _ip("-n", host.netns, "link", "set", "eth0", "up")
-            _ip("-n", host.netns, "link", "set", "lo", "up")
-            etc = Path("/etc/netns") / host.netns
-            etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text("\n".join(lines) + "\n")
-            (etc / "hostname").write_text(host.name + "\n")
+            self._add_host(host, others)
+
+    def _add_host(self, host: Host, others: list[str]) -> None:
+        """Its namespace, its veth on the bridge, its address and its /etc/netns files."""
+        # as on Debian, a host's own name resolves to 127.0.1.1 there (Note [Own name])
+        lines = ["127.0.0.1 localhost", f"127.0.1.1 {host.name}", *others]
+        _ip("netns", "add", host.netns)
+        _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns",
+            host.netns)  # fmt: skip
+        _no_ipv6(None, host.veth)
+        _no_ipv6(host.netns, "all")
+        _no_ipv6(host.netns, "default")
+        _ip("link", "set", host.veth, "master", self.bridge, "up")
+        _ip("-n", host.netns, "addr", "add", f"{host.address}/{SUBNET.prefixlen}", "dev",
+            "eth0")  # fmt: skip
+        _ip("-n", host.netns, "link", "set", "eth0", "up")
+        _ip("-n", host.netns, "link", "set", "lo", "up")
+        etc = Path("/etc/netns") / host.netns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text("\n".join(lines) + "\n")
+        (etc / "hostname").write_text(host.name + "\n")
 
     def _make_keys(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -80,6 +80,10 @@ class DashboardData:
     note: str = ""
     size_history: list[Any] = dataclasses.field(default_factory=list)
     """A cluster's sizes (`SizeChange`s: the start, then each `%dist scale`), oldest first."""
+    link_rates: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Bytes per second from each replica's engine to the notebook, measured on an explicit
+    refresh when the replicas run on more than one host (Note [Slow links] in
+    `nbdist.cluster.links`); empty otherwise."""
 
     def __getitem__(self, name: str) -> Any:
         """`data["metrics"]` reads `data.metrics` (code written when this was a dict)."""
@@ -292,6 +296,10 @@ class ClusterSource:
             "--survivors` to go on without them." if dead else "",
         )  # fmt: skip
         data.size_history = list(getattr(self.cluster, "size_history", ()))
+        if not in_thread and len({row.host for row in engines}) > 1:
+            from nbdist.cluster.links import link_rates
+
+            data.link_rates = link_rates(self.cluster)  # Note [Slow links]
         return data
 
 

@@ -25,7 +25,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator
 
 from nbdist.telemetry.records import CollectiveRecord
-from nbdist.telemetry.timeline import STUCK_S, blame, step_split, straggler, stuck
+from nbdist.telemetry.timeline import STUCK_S, blame, slow_links, step_split, straggler, stuck
 from nbdist.widgets._canvas import Blitter, coarse, new_figure, nice
 from nbdist.widgets._data import DashboardData
 
@@ -405,6 +405,12 @@ class ReductionsView:
         self.widget = ipywidgets.VBox([self.caption, self.image])
         self.key: Any = None
         self.straggler: int | None = None
+        self.straggler_host: str | None = None
+        """The straggler's host, where the replicas run on more than one host (else None)."""
+        self.slow_link: list[int] = []
+        """The replicas on a host whose link to the notebook is slow (Note [Slow links] in
+        `nbdist.cluster.links`): stragglers that "who waited for whom" cannot show."""
+        self._slow_text = ""
         self.count = 0
         self.totals: dict[str, dict] = {}
         self.stuck = ""
@@ -416,7 +422,12 @@ class ReductionsView:
     def update(self, data: DashboardData) -> bool:
         records = data.collectives
         stuck_note = stuck_html(data)
-        key = (len(records), records[-1].start if records else None, len(data.steps))
+        hosts = {row.replica: row.host for row in data.engines}
+        if data.link_rates:  # measured on an explicit refresh; one in the thread keeps them
+            self.slow_link = slow_links(data.link_rates, hosts)
+            self._slow_text = _slow_text(self.slow_link, data.link_rates, hosts)
+        key = (len(records), records[-1].start if records else None, len(data.steps),
+               self._slow_text)  # fmt: skip
         if key == self.key:
             if stuck_note != self.stuck:
                 self.stuck = stuck_note
@@ -426,23 +437,33 @@ class ReductionsView:
         self.count = len(records)
         self.totals = op_totals(records, data.aggregates)
         self.straggler = straggler(records, _WINDOW)
+        self.straggler_host = _host_of(self.straggler, data)
         self.link = link_text(records[-_SCATTER:])
         if self._panels is None:
             self._panels = ReductionsPanels(new_figure(9, 5.5))
         self._panels.show(data)
         self.image.value = self._panels.png()
-        late = f"replica {self.straggler}" if self.straggler is not None else "none"
+        late = self._late()
         folded = sum(t["folded"] for t in self.totals.values())
         self._summary = (
             f"<span class='nd-count'>{self.count}</span> collectives"
             + (f" (+{folded} older, folded into the totals)" if folded else "")
             + f" · straggler: {late}"
+            + html.escape(self._slow_text)
             + (f"<div class='nd-link'>{html.escape(self.link)}</div>" if self.link else "")
             + _totals_html(self.totals)
         )
         self.stuck = stuck_note
         self.caption.value = stuck_note + self._summary
         return True
+
+    def _late(self) -> str:
+        """The straggler as the caption names it: replica 1, replica 2 on h2 (replicas on
+        several hosts), or none."""
+        if self.straggler is None:
+            return "none"
+        where = f" on {self.straggler_host}" if self.straggler_host else ""
+        return f"replica {self.straggler}{where}"
 
     @property
     def summary(self) -> str:
@@ -452,12 +473,13 @@ class ReductionsView:
             >>> ReductionsView().summary
             '0 collectives · straggler: none'
         """
-        late = f"replica {self.straggler}" if self.straggler is not None else "none"
+        late = self._late()
         folded = sum(t["folded"] for t in self.totals.values())
         lines = [
             f"{self.count} collectives"
             + (f" (+{folded} older, folded into the totals)" if folded else "")
             + f" · straggler: {late}"
+            + self._slow_text
         ]
         if self.link:
             lines.append(self.link)
@@ -469,3 +491,35 @@ class ReductionsView:
         if self.stuck:
             lines.insert(0, re.sub(r"<[^>]+>", "", self.stuck.replace("</div>", "\n")).strip())
         return "\n".join(lines)
+
+
+def _host_of(replica: int | None, data: DashboardData) -> str | None:
+    """`replica`'s host when the engines run on more than one host (else None: one machine's
+    name would say nothing)."""
+    hosts = {row.replica: row.host for row in data.engines}
+    if replica is None or len(set(hosts.values())) < 2:
+        return None
+    return hosts.get(replica)
+
+
+def _slow_text(slow: list[int], rates: dict[int, float], hosts: dict[int, str]) -> str:
+    """The caption's slow-link part (Note [Slow links] in `nbdist.cluster.links`), empty when
+    no link is slow.
+
+    Example:
+        >>> _slow_text([1], {0: 3e8, 1: 1.2e7}, {0: "h1", 1: "h2"})
+        ' · slow link: replica 1 on h2 (12.0 MB/s to the notebook; h1 300.0 MB/s)'
+    """
+    if not slow:
+        return ""
+    best: dict[str, float] = {}
+    for replica, rate in rates.items():
+        best[hosts[replica]] = max(best.get(hosts[replica], 0.0), rate)
+    slow_hosts = sorted({hosts[r] for r in slow})
+    others = "; ".join(f"{h} {best[h] / 1e6:.1f} MB/s" for h in sorted(best) if h not in slow_hosts)
+    names = ", ".join(str(r) for r in slow)
+    mine = ", ".join(f"{best[h] / 1e6:.1f} MB/s" for h in slow_hosts)
+    return (
+        f" · slow link: replica{'s' if len(slow) > 1 else ''} {names} on {', '.join(slow_hosts)}"
+        f" ({mine} to the notebook; {others})"
+    )

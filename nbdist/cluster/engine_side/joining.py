@@ -70,6 +70,7 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     os.environ.update(env)
     # the store listens on the rendezvous address only (Note [A store on one address])
     os.environ["NBDIST_BIND_STORE"] = "1"
+    store_peers(config)
     if config["master_addr"] in ("127.0.0.1", "localhost") and "GLOO_SOCKET_IFNAME" not in (
         os.environ
     ):
@@ -127,6 +128,15 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
         "prefix": group_prefix(),
         "stacks": stacks,
     }
+
+
+def store_peers(config: dict[str, Any]) -> None:
+    """Let only the cluster's machines reach the store this engine may host (Note [Store
+    peers] in `nbdist.collectives.peer_filter`): `config["peers"]`, set by the notebook."""
+    from nbdist.collectives.peer_filter import STORE_PEERS_ENV
+
+    if config.get("peers"):
+        os.environ[STORE_PEERS_ENV] = ",".join(str(p) for p in config["peers"])
 
 
 def cores() -> int:

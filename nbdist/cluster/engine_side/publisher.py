@@ -23,7 +23,7 @@ from typing import Any
 
 from nbdist.cluster.engine_side import state
 
-__all__ = ["FEED_KEY", "engine_snapshot", "feed_message", "start_publisher"]
+__all__ = ["FEED_KEY", "engine_snapshot", "feed_message", "link_probe", "start_publisher"]
 
 FEED_KEY = "nbdist_feed"
 _PUBLISH_S = 0.5
@@ -53,6 +53,17 @@ def engine_snapshot() -> dict[str, Any]:
         "memory": memory_in_use(device),
         "time": time.time(),
     }
+
+
+def link_probe(nbytes: int) -> bytes:
+    """`nbytes` bytes for the notebook to time (runs on the engine: Note [Slow links] in
+    `nbdist.cluster.links`).
+
+    Example:
+        >>> len(link_probe(4))
+        4
+    """
+    return bytes(int(nbytes))
 
 
 def feed_message(strategy: Any, rank: int) -> dict[str, Any]:

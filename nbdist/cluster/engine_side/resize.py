@@ -152,6 +152,9 @@ def _environment(config: dict[str, Any]) -> dict[str, str]:
         "MASTER_PORT": str(config["master_port"]),
     }
     os.environ.update(env)
+    from nbdist.cluster.engine_side.joining import store_peers
+
+    store_peers(config)
     return env
 
 
