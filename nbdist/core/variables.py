@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 from nbdist.core.distributed_variables import (
-    DistributedVariable,
+    DistributedVariable,  # noqa: F401  (checkpoint/workers.py and engine_side/resize.py import it here)
     MirroredVariable,
     SyncOnReadVariable,
     _rebuild_variable,  # noqa: F401  (pickles of distributed variables name it here)
