@@ -48,9 +48,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "NOTEBOOK_HOST",
@@ -59,6 +59,7 @@ __all__ = [
     "HostCluster",
     "HostSetupError",
     "alive",
+    "brought_up",
     "host_cluster",
     "skip_reason",
 ]
@@ -468,14 +469,30 @@ def host_cluster(n: int = 2) -> Iterator[HostCluster]:
         HostSetupError: `skip_reason()` is not None (its text says why), or a part would not
             start (its output is in the message).
     """
-    reason = skip_reason()
+    with brought_up(skip_reason(), lambda: HostCluster(n).up()) as cluster:
+        yield cluster
+
+
+_Closable = TypeVar("_Closable")
+
+
+@contextlib.contextmanager
+def brought_up(reason: str | None, start: Callable[[], _Closable]) -> Iterator[_Closable]:
+    """What `start()` brings up (a `HostCluster`, a `SlurmCluster`: something with `close()`),
+    closed on exit; `HostSetupError(reason)` instead when `reason` (a `skip_reason()`) is set.
+
+    Example (makes network namespaces, so not run here)::
+
+        with brought_up(skip_reason(), lambda: HostCluster(2).up()) as hosts:
+            ...
+    """
     if reason:
         raise HostSetupError(reason)
-    cluster = HostCluster(n).up()
+    thing = start()
     try:
-        yield cluster
+        yield thing
     finally:
-        cluster.close()
+        thing.close()
 
 
 def _ip(*argv: str) -> None:
