@@ -178,6 +178,24 @@ class HostCluster:
         """ssh options that log in to every host as this user with the cluster's key."""
         return ["-F", str(self.ssh_config)]
 
+    def dist_start_options(self, spec: str, folder: Path, timeout: float) -> str:
+        """What `%dist start` is given to start engines over ssh on the hosts `spec` (e.g.
+        `"h1:2,h2:2"`) within `timeout` seconds: ssh and scp with this cluster's config, this
+        interpreter on the hosts, the engines' profile in `folder`.
+
+        Example (makes network namespaces, so not run here)::
+
+            kernel.execute(f"%dist start {hosts.dist_start_options('h1:2,h2:2', tmp, 240)}")
+        """
+        config = self.ssh_config
+        return (
+            f"--launcher ssh --hosts {spec} --timeout {timeout:g} "
+            f"--launcher-option \"ssh_args=['-F', '{config}']\" "
+            f"--launcher-option \"scp_args=['-F', '{config}']\" "
+            f"--launcher-option remote_python={sys.executable} "
+            f"--launcher-option remote_profile_dir={folder / 'remote-profile'}"
+        )
+
     def command(self, host: str, argv: Sequence[str]) -> list[str]:
         """`argv` as run on `host`: in its network namespace, with its hostname."""
         target = self.hosts[host]
