@@ -12,7 +12,6 @@ Example (needs running engines, so not run here)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbdist.cluster import _wire
@@ -20,27 +19,18 @@ from nbdist.cluster.engine_side import entry_points as entries
 from nbdist.cluster.engine_strategy import _has_distributed, _scatter
 from nbdist.core.values import PerReplica
 
+if TYPE_CHECKING:
+    from nbdist.cluster.handle import ClusterHandle
+
 __all__ = ["EngineNamespaces"]
 
 
 class EngineNamespaces:
     """`push` and `pull` of `Cluster` (see the module's docstring)."""
 
-    if TYPE_CHECKING:  # the Cluster members used here
-
-        @property
-        def num_engines(self) -> int: ...
-
-        def call(
-            self,
-            entry: Callable[..., dict[str, Any]],
-            payloads: bytes | Sequence[Any],
-            *extra: Any,
-            timeout: float | None,
-            what: str,
-            fn: Any = None,
-            needs_group: bool = False,
-        ) -> list[dict[str, Any]]: ...
+    if TYPE_CHECKING:  # the Cluster members used here, as ClusterHandle names them
+        num_engines = ClusterHandle.num_engines
+        call = ClusterHandle.call
 
     def push(self, values: dict[str, Any], *, timeout: float | None = None) -> None:
         """Assign `values` (`{name: value}`) in every engine's namespace.
