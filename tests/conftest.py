@@ -26,12 +26,15 @@ import torch
 _ONE_WORKER_PER_MODULE = (
     "tests/cluster/", "tests/jupyter/", "tests/ps/", "tests/dist/", "tests/hosts/"
 )
+_ONE_WORKER_PER_PACKAGE = ("tests/cluster/one_cluster/",)
+"""Packages whose files share one package-scoped fixture (one cluster): kept on one worker."""
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Keep each module of `_ONE_WORKER_PER_MODULE` on one xdist worker; other tests spread
-    one by one, as xdist's default `load` does."""
+    """Keep each module of `_ONE_WORKER_PER_MODULE`, and each package of
+    `_ONE_WORKER_PER_PACKAGE` whole, on one xdist worker; other tests spread one by one, as
+    xdist's default `load` does."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -40,6 +43,9 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             normalized = path.replace(os.sep, "/")
+            for package in _ONE_WORKER_PER_PACKAGE:
+                if package in normalized:
+                    return package
             return path if any(part in normalized for part in _ONE_WORKER_PER_MODULE) else nodeid
 
     return ModulesTogether(config, log)

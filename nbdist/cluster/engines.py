@@ -10,66 +10,53 @@ cluster (the controller's schedulers and the engines' nannies included) and kill
 
 The controller and the rendezvous listen on 127.0.0.1. Imports ipyparallel when a cluster
 starts, not on import.
+
+`Cluster` is this module's lifecycle (arguments, start, stop, restart) and the call path, put
+together with mixins that each do one job: `turns.CallGuard` (call checks, group health),
+`bringup.BringUp` (launch, join), `scaling.Scaling` (resize), `namespaces.EngineNamespaces`
+(push, pull), `inspection.Inspection` (status, stacks) and `stopping.Stopping` (teardown).
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import logging
-import socket
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from nbdist.cluster import _wire
-from nbdist.cluster import stacks as engine_stacks
 from nbdist.cluster.bringup import BringUp
 from nbdist.cluster.engine_calls import call_engines
-from nbdist.cluster.engine_side import entry_points as entries
-from nbdist.cluster.engine_strategy import EngineStrategy, _has_distributed, _scatter
+from nbdist.cluster.engine_strategy import EngineStrategy
 from nbdist.cluster.errors import (
     ClusterInterrupted,
     ClusterStartError,
     ClusterStoppedError,
     EngineTimeoutError,
 )
+from nbdist.cluster.inspection import Inspection
 from nbdist.cluster.launch.launchers import ipyparallel_settings
 from nbdist.cluster.launch.plan import LaunchPlan, make_plan, with_communication
-from nbdist.cluster.launch.processes import ProcessSet, pid_alive
+from nbdist.cluster.launch.processes import ProcessSet
 from nbdist.cluster.launch.startup import engines_exited, output_tail, quiet
-from nbdist.cluster.launch.stop_log import launchers_of, quiet_stop_log, write_log
+from nbdist.cluster.namespaces import EngineNamespaces
 from nbdist.cluster.scaling import Scaling, SizeChange
 from nbdist.cluster.sigint import interrupts_deferred
 from nbdist.cluster.start_report import StartClock, StartReport
-from nbdist.cluster.status import EngineInfo, EngineStatus, StatusTable
+from nbdist.cluster.status import EngineInfo
+from nbdist.cluster.stopping import (  # the constants: still importable from here
+    REAP_GRACE_S,  # noqa: F401
+    SSH_SHUTDOWN_S,  # noqa: F401
+    Stopping,
+    live_clusters,
+    stop_at_exit,
+)
 from nbdist.cluster.turns import CallGuard
 from nbdist.core.reduce.options import CommunicationOptions
-from nbdist.core.values import PerReplica
-from nbdist.debug.stacks import ReplicaStack
 from nbdist.errors import InvalidArgumentError
 
 __all__ = ["Cluster"]
 
-_LOG = logging.getLogger(__name__)
-SSH_SHUTDOWN_S = 10.0
-"""Seconds a stop waits for engines on other hosts to leave when asked through the controller."""
-REAP_GRACE_S = 1.0
-"""Seconds what is left of a cluster after ipyparallel's stop gets to exit before it is killed."""
-
-_running: weakref.WeakSet[Cluster] = weakref.WeakSet()
-_atexit_registered = False
-
-
-def _stop_all_at_exit() -> None:
-    for cluster in list(_running):
-        with contextlib.suppress(Exception):
-            cluster.stop()
-
-
-class Cluster(CallGuard, BringUp, Scaling):
+class Cluster(CallGuard, BringUp, Scaling, EngineNamespaces, Inspection, Stopping):
     """Engines for a notebook: one replica each, joined in one `torch.distributed` group.
 
     Args:
@@ -327,12 +314,12 @@ class Cluster(CallGuard, BringUp, Scaling):
                 "stop() of it has not finished. Wait for that call to return, then call "
                 "start() again (on a running cluster it returns at once)."
             )
-        _register_atexit()
+        stop_at_exit()
         self._clock = StartClock(progress or quiet, began)
         self._progress = self._clock.stage  # a subclass's _join says its stages with it
         deadline = time.monotonic() + self._plan.timeout
         self._state = "starting"
-        _running.add(self)
+        live_clusters.add(self)
         try:
             self._launch(deadline)
             self._join(deadline)
@@ -415,91 +402,7 @@ class Cluster(CallGuard, BringUp, Scaling):
     def __exit__(self, *exc_info: Any) -> None:
         self.stop()
 
-    # -- engine namespaces ----------------------------------------------------------------
-    def push(self, values: dict[str, Any], *, timeout: float | None = None) -> None:
-        """Assign `values` (`{name: value}`) in every engine's namespace.
-
-        A `PerReplica` value is scattered: engine `i` gets component `i`.
-        """
-        if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
-            from nbdist.errors import ArgumentTypeError
-
-            raise ArgumentTypeError(
-                f"push takes a dict of {{name: value}} with string names, got {values!r}; "
-                "e.g. cluster.push({'lr': 0.1})."
-            )
-        n = self.num_engines
-        parts = [(f"values[{key!r}]", value) for key, value in values.items()]
-        if _has_distributed(values):
-            payload: Any = [_wire.encode(_scatter(values, i, n), parts) for i in range(n)]
-        else:
-            payload = _wire.encode(values, parts)
-        self.call(entries.store, payload, timeout=timeout, what="cluster.push")
-
-    def pull(self, *names: str, timeout: float | None = None) -> Any:
-        """Each engine's value of `name` as one `PerReplica` (a tuple of them for several).
-
-        Names may be dotted paths (`"model.fc.weight"`); tensors come back detached, on the
-        CPU.
-        """
-        from nbdist.cluster.refs import RemoteRef
-
-        if not names:
-            from nbdist.errors import ArgumentTypeError
-
-            raise ArgumentTypeError(
-                "pull needs at least one variable name, e.g. cluster.pull('loss')."
-            )
-        for name in names:
-            RemoteRef(name)  # checks the name
-        payload = _wire.dumps(list(names))
-        replies = self.call(entries.fetch, payload, timeout=timeout, what="cluster.pull")
-        pulled = tuple(
-            PerReplica([reply["value"][k] for reply in replies]) for k in range(len(names))
-        )
-        return pulled[0] if len(names) == 1 else pulled
-
-    # -- status ---------------------------------------------------------------------------
-    def stacks(self, timeout: float = 2.0) -> list[ReplicaStack]:
-        """Every engine's live Python stacks, also while a cell runs (`%dist stack`).
-
-        One `nd.debug.ReplicaStack` per replica; engines that are gone or do not answer
-        within `timeout` seconds are named by their `state`. Changes nothing on the engines.
-        Example: `nd.debug.format_stacks(cluster.stacks())`.
-        """
-        self._require_running("cluster.stacks()")
-        return engine_stacks.stacks(self._engines, timeout)
-
-    def collective_records(self, timeout: float = 2.0) -> dict[int, list[dict[str, Any]]]:
-        """Every engine's collective recorder, `{replica: entries}` (oldest first), also
-        while a cell runs; `nd.debug.compare_collectives(cluster)` reads it."""
-        self._require_running("cluster.collective_records()")
-        return engine_stacks.collective_records(self._engines, timeout)
-
-    def status(self) -> StatusTable:
-        """One row per engine: replica, engine id, host, pid, device, state.
-
-        `state` is `"alive"` (registered, idle), `"busy"` (running a request sent through
-        this cluster: `strategy.run`, `push`, `pull`) or `"dead"` (its process exited or it
-        unregistered). (The controller's own queue counts lag behind the replies, so they are
-        not used.)
-        """
-        if not self._engines:
-            return StatusTable()
-        registered = set(self._client.ids) if self._client is not None else set()
-        here = socket.gethostname()
-        rows = []
-        for info in self._engines:
-            alive = info.id in registered and (info.host != here or pid_alive(info.pid))
-            busy = bool(self._inflight.get(info.id))
-            state = "dead" if not alive else "busy" if busy else "alive"
-            rows.append(
-                EngineStatus(
-                    info.rank, info.id, info.host, info.pid, info.device, state, gpu=info.gpu
-                )
-            )
-        return StatusTable(rows, history=self.size_history)
-
+    # -- repr -----------------------------------------------------------------------------
     def __repr__(self) -> str:
         plan = self._plan
         kind = {
@@ -539,64 +442,6 @@ class Cluster(CallGuard, BringUp, Scaling):
                 deadline=deadline,
             )  # fmt: skip
 
-    # -- stopping -------------------------------------------------------------------------
-    def _teardown(self) -> None:
-        self._record_processes()
-        if any(self._inflight.values()):
-            # Engines blocked in a collective run no Python, so they cannot take the stop
-            # signal; abandoning the group wakes them within a heartbeat (Note [Waking a
-            # blocked collective]) instead of ipyparallel killing them 5 s later.
-            with contextlib.suppress(Exception):
-                self.abort_group("the cluster is stopping")
-        if self._client is not None:
-            if self._plan.launcher == "ssh" and self._client.ids:
-                # Engines on other hosts exit when asked through the controller; ipyparallel's
-                # ssh stop then finds them gone instead of signalling each over ssh. Not
-                # `block=True`: an engine whose host dropped off never replies, and that wait
-                # has no end; the engines' unregistration is waited for, SSH_SHUTDOWN_S at most.
-                with contextlib.suppress(Exception):
-                    self._client.shutdown(hub=False, block=False)
-                    deadline = time.monotonic() + min(self._plan.timeout, SSH_SHUTDOWN_S)
-                    while self._client.ids and time.monotonic() < deadline:
-                        time.sleep(0.05)  # polling the registrations (bounded by the deadline)
-            with contextlib.suppress(Exception):
-                self._client.close()
-        if self._ipp is not None:
-            # Engines first, while the controller still listens: each engine's nanny tells
-            # the controller its engine left and exits at once (with the controller gone it
-            # would wait 3 s for the message to go out).
-            launchers = launchers_of(self._ipp)
-            with quiet_stop_log(self._ipp):
-                for step in (self._ipp.stop_engines_sync, self._ipp.stop_controller_sync):
-                    try:
-                        step()
-                    except Exception as error:  # keep going: the processes are reaped below
-                        _LOG.warning("ipyparallel could not stop the cluster cleanly: %s", error)
-            self.log_file = write_log(launchers, self._ipp.profile_dir, self._ipp.cluster_id)
-        self._stop_zygote(keep=self._restarting)
-        # Left now: helpers (schedulers, nannies) whose controller and engines are gone, and
-        # processes that ignored the stop; they get REAP_GRACE_S, then are killed (a stop
-        # takes at most 5 s).
-        self._processes.reap(min(self._plan.timeout, REAP_GRACE_S))
-        self._ipp = None
-        self._client = None
-        self._engines = ()
-        self._processes = ProcessSet()
-        self._broken = None
-        self._repaired = None
-        self._reform_pending = None
-        self._rendezvous = None
-        self._group_prefix = None
-        self._inflight = {}
-        self._state = "stopped"
-        _running.discard(self)
-
-    @property
-    def processes(self) -> tuple[int, ...]:
-        """Pids of the cluster's processes seen so far (controller, engines, nannies)."""
-        self._record_processes()
-        return self._processes.pids
-
     # -- helpers --------------------------------------------------------------------------
     def _require_running(self, what: str) -> None:
         if self._state != "running":
@@ -606,9 +451,3 @@ class Cluster(CallGuard, BringUp, Scaling):
                 "`%dist start`), then run it again."
             )
 
-
-def _register_atexit() -> None:
-    global _atexit_registered
-    if not _atexit_registered:
-        atexit.register(_stop_all_at_exit)
-        _atexit_registered = True

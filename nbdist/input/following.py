@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from nbdist.input.loaders import loader_settings
+
 __all__ = [
     "ResumingBatchSampler",
     "epoch_rng",
@@ -115,16 +117,5 @@ def rebatched_loader(loader: Any, batch_size: int) -> DataLoader | None:
         order, drop_last = loader.sampler, loader.drop_last
     else:
         return None
-    settings: dict[str, Any] = {
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-        "prefetch_factor": loader.prefetch_factor if loader.num_workers > 0 else None,
-        "persistent_workers": loader.persistent_workers,
-    }
     sampler = ResumingBatchSampler(order, batch_size, drop_last)
-    return DataLoader(loader.dataset, batch_sampler=sampler, **settings)
+    return DataLoader(loader.dataset, batch_sampler=sampler, **loader_settings(loader))

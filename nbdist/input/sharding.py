@@ -31,6 +31,7 @@ from torch.utils.data import (
 
 from nbdist.input.batches import Batch, empty_like, split_batch, warn_if_empty
 from nbdist.input.errors import InputError
+from nbdist.input.loaders import loader_settings
 from nbdist.input.position import Position, Resume, skip_global_batches
 
 __all__ = ["ShardedLoader", "WorkerBatchSampler", "shard_loader"]
@@ -216,17 +217,7 @@ def shard_loader(
             f"Use in_order=True (the default)."
         )
     sampler = WorkerBatchSampler(loader.batch_sampler, replica_ids, total)
-    settings: dict[str, Any] = {
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-        "prefetch_factor": loader.prefetch_factor if loader.num_workers > 0 else None,
-        "persistent_workers": loader.persistent_workers,
-    }
+    settings: dict[str, Any] = loader_settings(loader)
     for name in ("pin_memory_device", "in_order"):  # newer torch only
         if hasattr(loader, name):
             settings[name] = getattr(loader, name)

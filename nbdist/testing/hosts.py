@@ -48,9 +48,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "NOTEBOOK_HOST",
@@ -59,6 +59,7 @@ __all__ = [
     "HostCluster",
     "HostSetupError",
     "alive",
+    "brought_up",
     "host_cluster",
     "skip_reason",
 ]
@@ -182,6 +183,24 @@ class HostCluster:
     def ssh_args(self) -> list[str]:
         """ssh options that log in to every host as this user with the cluster's key."""
         return ["-F", str(self.ssh_config)]
+
+    def dist_start_options(self, spec: str, folder: Path, timeout: float) -> str:
+        """What `%dist start` is given to start engines over ssh on the hosts `spec` (e.g.
+        `"h1:2,h2:2"`) within `timeout` seconds: ssh and scp with this cluster's config, this
+        interpreter on the hosts, the engines' profile in `folder`.
+
+        Example (makes network namespaces, so not run here)::
+
+            kernel.execute(f"%dist start {hosts.dist_start_options('h1:2,h2:2', tmp, 240)}")
+        """
+        config = self.ssh_config
+        return (
+            f"--launcher ssh --hosts {spec} --timeout {timeout:g} "
+            f"--launcher-option \"ssh_args=['-F', '{config}']\" "
+            f"--launcher-option \"scp_args=['-F', '{config}']\" "
+            f"--launcher-option remote_python={sys.executable} "
+            f"--launcher-option remote_profile_dir={folder / 'remote-profile'}"
+        )
 
     def command(self, host: str, argv: Sequence[str]) -> list[str]:
         """`argv` as run on `host`: in its network namespace, with its hostname."""
@@ -508,14 +527,30 @@ def host_cluster(n: int = 2) -> Iterator[HostCluster]:
         HostSetupError: `skip_reason()` is not None (its text says why), or a part would not
             start (its output is in the message).
     """
-    reason = skip_reason()
+    with brought_up(skip_reason(), lambda: HostCluster(n).up()) as cluster:
+        yield cluster
+
+
+_Closable = TypeVar("_Closable")
+
+
+@contextlib.contextmanager
+def brought_up(reason: str | None, start: Callable[[], _Closable]) -> Iterator[_Closable]:
+    """What `start()` brings up (a `HostCluster`, a `SlurmCluster`: something with `close()`),
+    closed on exit; `HostSetupError(reason)` instead when `reason` (a `skip_reason()`) is set.
+
+    Example (makes network namespaces, so not run here)::
+
+        with brought_up(skip_reason(), lambda: HostCluster(2).up()) as hosts:
+            ...
+    """
     if reason:
         raise HostSetupError(reason)
-    cluster = HostCluster(n).up()
+    thing = start()
     try:
-        yield cluster
+        yield thing
     finally:
-        cluster.close()
+        thing.close()
 
 
 def _ip(*argv: str) -> None:

@@ -21,17 +21,24 @@ import contextlib
 import json
 import os
 import pathlib
+import queue
 import re
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = [
     "CELL_TIMEOUT_S",
+    "PIDS_CELL",
+    "KernelClient",
     "NotebookFailed",
     "cell_text",
+    "close_cluster_kernel",
+    "cluster_kernel",
     "find_cell",
+    "pids_printed",
     "run_cells",
     "run_notebook",
     "stream_warts",
@@ -262,3 +269,140 @@ def _describe(name: str, notebook, index: int | None, error: BaseException) -> s
         f"--- source ---\n{cell.source}\n--- output ---\n{output[-6000:]}\n--- error ---\n"
         f"{str(error)[-4000:]}"
     )
+
+
+# -- a kernel driven over its channels (tests of Ctrl-C, restarts, the debugger) --------------
+_REPLY_TIMEOUT_S = 120.0
+
+PIDS_CELL = "from nbdist.magics import current_cluster\nprint('PIDS', *current_cluster().processes)"
+"""A cell that prints the pids of the kernel's cluster after `PIDS` (read by `pids_printed`)."""
+
+
+class KernelClient:
+    """A started kernel (a `jupyter_client` `KernelManager`'s) and its client, driven as a front
+    end does: `run(code)` returns (text, error content), `send` and `collect` and `reply` split
+    that up (to interrupt a cell that is running, or read its output as it comes).
+
+    Example (starts a kernel, so not run here)::
+
+        kernel = KernelClient(km)
+        text, error = kernel.run("print(6 * 7)")     # ('42\\n', None)
+    """
+
+    def __init__(self, km: Any):
+        self.km = km
+        self.client = km.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=_REPLY_TIMEOUT_S)
+
+    def send(self, code: str) -> str:
+        return self.client.execute(code)
+
+    def collect(
+        self, msg_id: str, until: Any = None, timeout: float = _REPLY_TIMEOUT_S
+    ) -> tuple[str, Any]:
+        """Outputs of `msg_id` until idle (or until `until(text)` is true): (text, error)."""
+        text, error = "", None
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no idle within {timeout} s; got {text!r}"
+            try:
+                msg = self.client.get_iopub_msg(timeout=remaining)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                text += content["text"]
+            elif kind == "error":
+                error = content
+            elif kind in ("execute_result", "display_data"):
+                text += content["data"].get("text/plain", "")
+            elif kind == "status" and content["execution_state"] == "idle":
+                return text, error
+            if until is not None and until(text):
+                return text, error
+
+    def reply(self, msg_id: str, timeout: float = _REPLY_TIMEOUT_S) -> dict:
+        """The shell reply to `msg_id` (earlier replies are skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no reply within {timeout} s"
+            msg = self.client.get_shell_msg(timeout=remaining)
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    def run(self, code: str, timeout: float = _REPLY_TIMEOUT_S) -> tuple[str, Any]:
+        msg_id = self.send(code)
+        outputs = self.collect(msg_id, timeout=timeout)
+        self.reply(msg_id, timeout=timeout)
+        return outputs
+
+
+def pids_printed(text: str) -> list[int]:
+    """The pids `PIDS_CELL` printed (in `text`, the cell's output)."""
+    return [int(p) for p in text.split("PIDS", 1)[1].split()]
+
+
+def close_cluster_kernel(km: Any, kernel: Any, pids: Sequence[int]) -> None:
+    """Shut down a kernel that may have started a cluster, leaving none of `pids` behind.
+
+    `%dist stop` goes through the kernel's own client (`kernel.run`; skipped when `kernel` is
+    None or the kernel died), then its channels close (stopping the channels of another client
+    first left `%dist stop` without a reply for 60 s), the kernel is shut down, and every pid in
+    `pids` still there is killed, even when a test failed.
+
+    Example (starts a kernel, so not run here)::
+
+        try:
+            kernel = KernelClient(km)
+            ...
+        finally:
+            close_cluster_kernel(km, kernel, pids)
+    """
+    import psutil
+
+    if kernel is not None and km.is_alive():
+        with contextlib.suppress(Exception):
+            kernel.run("%dist stop", timeout=60)
+    if kernel is not None:
+        with contextlib.suppress(Exception):
+            kernel.client.stop_channels()
+    km.shutdown_kernel(now=True)
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+
+
+@contextlib.contextmanager
+def cluster_kernel(
+    km: Any,
+    start: str,
+    kernel_type: Callable[[Any], Any] = KernelClient,
+    text_and_error: Callable[[Any], tuple[str, Any]] = lambda result: result,
+) -> Iterator[Any]:
+    """`kernel_type(km)` after running the cell `start` (which starts a cluster, e.g.
+    `%load_ext nbdist` and `%dist start -n 2`; it must not fail), with the cluster's pids in
+    `kernel.pids`; closed on exit by `close_cluster_kernel`. `text_and_error` turns what
+    `kernel.run` returns into (text, error content).
+
+    Example (starts a kernel, so not run here)::
+
+        with cluster_kernel(km, "%load_ext nbdist\\n%dist start -n 2") as kernel:
+            text, error = kernel.run("%dist status")
+    """
+    pids: list[int] = []
+    kernel = None
+    try:
+        kernel = kernel_type(km)
+        text, error = text_and_error(kernel.run(start))
+        assert error is None, error
+        text, error = text_and_error(kernel.run(PIDS_CELL))
+        pids = pids_printed(text)
+        kernel.pids = pids
+        yield kernel
+    finally:
+        close_cluster_kernel(km, kernel, pids)

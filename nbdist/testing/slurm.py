@@ -31,7 +31,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from nbdist.testing.hosts import NOTEBOOK_HOST, HostCluster, HostSetupError, _stop_pids, alive
+from nbdist.testing.hosts import (
+    NOTEBOOK_HOST,
+    HostCluster,
+    HostSetupError,
+    _stop_pids,
+    alive,
+    brought_up,
+)
 
 __all__ = ["CPUS_PER_NODE", "PARTITION", "SlurmCluster", "skip_reason", "slurm_cluster"]
 
@@ -260,14 +267,8 @@ def slurm_cluster(hosts: HostCluster) -> Iterator[SlurmCluster]:
         HostSetupError: `skip_reason()` is not None (its text says why), or a daemon would not
             start (their logs are in the message).
     """
-    reason = skip_reason()
-    if reason:
-        raise HostSetupError(reason)
-    cluster = SlurmCluster(hosts).up()
-    try:
+    with brought_up(skip_reason(), lambda: SlurmCluster(hosts).up()) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def job_ids(text: str) -> list[str]:

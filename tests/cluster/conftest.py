@@ -4,13 +4,15 @@
   check, when they stop, that every process they had (controller, schedulers, engines and the
   engines' nannies, which are not our descendants once their engine exits) is gone.
 - `start_cluster(**kwargs)` starts one cluster per test module (a module-scoped factory with a
-  finalizer that stops it), in a module-private `IPYTHONDIR`, so the modules' tests share it.
+  finalizer that stops it), in a module-private `IPYTHONDIR`, so the modules' tests share it;
+  the files of `one_cluster/` share one cluster for the package (`cluster_starter`).
 - Starting engines costs seconds, so under pytest-xdist the tests of each module here run on
   one worker (`pytest_xdist_make_scheduler` in tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 
@@ -35,11 +37,13 @@ def stop_and_check(cluster: Cluster) -> None:
     assert_processes_gone(pids, STOP_DEADLINE_S)
 
 
-@pytest.fixture(scope="module")
-def start_cluster(
+@contextlib.contextmanager
+def cluster_starter(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., Cluster]]:
-    """`start_cluster(**kwargs)`: a started `Cluster(n=2, ...)`, stopped at the module's end."""
+    """`start(**kwargs)`: a started `Cluster(n=2, ...)`, stopped (and checked) when `request`'s
+    scope ends, in a private `IPYTHONDIR` set while the `with` lasts. For a fixture of any
+    scope: the module's `start_cluster` here, the package's `cluster` in one_cluster/."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
 
@@ -51,4 +55,13 @@ def start_cluster(
             print(f"\nCluster start to ready: {time.perf_counter() - begin:.2f} s ({cluster!r})")
             return cluster
 
+        yield start
+
+
+@pytest.fixture(scope="module")
+def start_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Cluster]]:
+    """`start_cluster(**kwargs)`: a started `Cluster(n=2, ...)`, stopped at the module's end."""
+    with cluster_starter(request, tmp_path_factory) as start:
         yield start

@@ -248,5 +248,5 @@ def test_an_engine_that_stays_busy_makes_the_cluster_unusable_until_restart(clus
     print(f"\nstop with replica 1 ignoring SIGINT in its cell: {seconds:.1f} s")
     assert seconds <= 5.0
     assert_processes_gone(pids, 5.0)
-    # (restarting recovers: tests/cluster/test_cluster.py::test_lifecycle; the module's
+    # (restarting recovers: tests/cluster/test_cluster_lifecycle.py::test_lifecycle; the module's
     # finalizer stops this cluster and checks that none of its processes is left)

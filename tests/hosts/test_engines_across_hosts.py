@@ -34,14 +34,7 @@ HOSTS = "h1:2,h2:2"
 
 
 def start_line(hosts: HostCluster, folder: Path) -> str:
-    config = hosts.ssh_config
-    return (
-        f"%dist start --launcher ssh --hosts {HOSTS} --timeout {START_S:g} "
-        f"--launcher-option \"ssh_args=['-F', '{config}']\" "
-        f"--launcher-option \"scp_args=['-F', '{config}']\" "
-        f"--launcher-option remote_python={__import__('sys').executable} "
-        f"--launcher-option remote_profile_dir={folder / 'remote-profile'}"
-    )
+    return f"%dist start {hosts.dist_start_options(HOSTS, folder, START_S)}"
 
 
 @pytest.fixture(scope="module")

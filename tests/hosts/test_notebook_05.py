@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,18 +29,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "05-multi-host.ipynb"
 START_S = 240.0
-
-
-def engine_options(hosts: HostCluster, spec: str, folder: Path) -> str:
-    """What `%dist start` is given to start engines over ssh on the test hosts `spec`."""
-    config = hosts.ssh_config
-    return (
-        f"--launcher ssh --hosts {spec} --timeout {START_S:g} "
-        f"--launcher-option \"ssh_args=['-F', '{config}']\" "
-        f"--launcher-option \"scp_args=['-F', '{config}']\" "
-        f"--launcher-option remote_python={sys.executable} "
-        f"--launcher-option remote_profile_dir={folder / 'remote-profile'}"
-    )
 
 
 def engine_hosts(kernel: HostKernel) -> list[str]:
@@ -74,7 +61,8 @@ def test_notebook_05_runs_its_cells_against_two_hosts(
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     parameters = [cell for cell in code if "parameters" in cell.metadata.get("tags", [])]
     assert len(parameters) == 1 and parameters[0].source.startswith("ENGINES = ")
-    parameters[0].source = f"ENGINES = {engine_options(hosts, 'h1:1,h2:1', tmp_path)!r}"
+    options = hosts.dist_start_options("h1:1,h2:1", tmp_path, START_S)
+    parameters[0].source = f"ENGINES = {options!r}"
     replies = {}
     for cell in code:
         if cell.source.strip() == "%dist stop":  # the engines' hosts, before they stop
@@ -140,7 +128,7 @@ def test_checkpoint_across_hosts_survives_restart(
 ):
     checkpoint = tmp_path / "ckpt"  # one folder all hosts see, as a cluster's shared storage
     kernel.execute("%load_ext nbdist\nfrom nbdist.magics.core import current_cluster")
-    start = f"%dist start {engine_options(hosts, 'h1:2,h2:2', tmp_path)}"
+    start = f"%dist start {hosts.dist_start_options('h1:2,h2:2', tmp_path, START_S)}"
     kernel.execute(start, timeout=START_S + 60)
     assert engine_hosts(kernel) == ["h1", "h1", "h2", "h2"]
     status = kernel.execute("%dist status")["stdout"]

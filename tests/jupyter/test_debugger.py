@@ -17,8 +17,10 @@ import time
 import psutil
 import pytest
 
+from nbdist.testing.kernels import KernelClient as Kernel
+from nbdist.testing.kernels import cluster_kernel
 from tests.jupyter.conftest import EXTENSION, start_kernel_manager
-from tests.jupyter.test_kernel import CELL_TIMEOUT_S, Kernel
+from tests.jupyter.test_kernel import CELL_TIMEOUT_S
 
 pytestmark = pytest.mark.cluster
 
@@ -96,32 +98,10 @@ def _pids_by_rank(kernel: Kernel) -> dict[int, int]:
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     km = start_kernel_manager(tmp_path_factory.mktemp("jupyter"))
-    pids: list[int] = []
-    k = None
-    try:
-        k = Kernel(km)
-        text, error = k.run(
-            f"%load_ext {EXTENSION}\n%dist start -n 2 --collective-timeout {COLLECTIVE_TIMEOUT_S}"
-        )
-        assert error is None, error
-        text, error = k.run(
-            "from nbdist.magics import current_cluster\nprint('PIDS', *current_cluster().processes)"
-        )
-        pids = [int(p) for p in text.split("PIDS", 1)[1].split()]
-        k.pids = pids
+    start = f"%load_ext {EXTENSION}\n%dist start -n 2 --collective-timeout {COLLECTIVE_TIMEOUT_S}"
+    with cluster_kernel(km, start) as k:
         k.pids_by_rank = _pids_by_rank(k)
         yield k
-    finally:
-        if k is not None and km.is_alive():
-            with contextlib.suppress(Exception):
-                k.run("%dist stop", timeout=60)
-        if k is not None:
-            with contextlib.suppress(Exception):
-                k.client.stop_channels()
-        km.shutdown_kernel(now=True)
-        for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
 
 
 def test_dist_debug_with_no_failure_names_the_fix(kernel):

@@ -12,16 +12,15 @@ One kernel (this interpreter's ipykernel, as JupyterLab starts it) with `%load_e
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import re
 import time
 from dataclasses import dataclass, field
 
-import psutil
 import pytest
 from jupyter_client.manager import KernelManager
 
+from nbdist.testing.kernels import cluster_kernel
 from tests.jupyter.conftest import EXTENSION, start_kernel_manager
 
 pytestmark = pytest.mark.cluster
@@ -88,28 +87,9 @@ class Kernel:
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     km = start_kernel_manager(tmp_path_factory.mktemp("jupyter"))
-    pids: list[int] = []
-    k = None
-    try:
-        k = Kernel(km)
-        cell = k.run(f"%load_ext {EXTENSION}\n%dist start -n 2")
-        assert cell.error is None, cell.error
-        cell = k.run(
-            "from nbdist.magics import current_cluster\nprint('PIDS', *current_cluster().processes)"
-        )
-        pids = [int(p) for p in cell.streams.split("PIDS", 1)[1].split()]
+    start = f"%load_ext {EXTENSION}\n%dist start -n 2"
+    with cluster_kernel(km, start, Kernel, lambda cell: (cell.streams, cell.error)) as k:
         yield k
-    finally:
-        if k is not None and km.is_alive():
-            with contextlib.suppress(Exception):
-                k.run("%dist stop", timeout=60)
-        if k is not None:
-            with contextlib.suppress(Exception):
-                k.client.stop_channels()
-        km.shutdown_kernel(now=True)
-        for pid in pids:  # never leave anything behind, even when a test fails
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
 
 
 def _progress_models(cell: Cell) -> dict:

@@ -12,15 +12,13 @@ test restarts the kernel (killing it) and checks every process of its cluster is
 
 from __future__ import annotations
 
-import contextlib
-import queue
 import time
 
 import psutil
 import pytest
-from jupyter_client.manager import KernelManager
 
 from nbdist.testing import assert_processes_gone
+from nbdist.testing.kernels import KernelClient, cluster_kernel
 from tests.jupyter.conftest import EXTENSION, start_kernel_manager
 
 pytestmark = pytest.mark.cluster
@@ -54,88 +52,14 @@ BLOCKING = {
 }
 
 
-class Kernel:
-    """A started kernel and its client; `run(code)` returns (text, error content)."""
-
-    def __init__(self, km: KernelManager):
-        self.km = km
-        self.client = km.client()
-        self.client.start_channels()
-        self.client.wait_for_ready(timeout=CELL_TIMEOUT_S)
-
-    def send(self, code: str) -> str:
-        return self.client.execute(code)
-
-    def collect(self, msg_id: str, until=None, timeout: float = CELL_TIMEOUT_S):
-        """Outputs of `msg_id` until idle (or until `until(text)` is true): (text, error)."""
-        text, error = "", None
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"no idle within {timeout} s; got {text!r}"
-            try:
-                msg = self.client.get_iopub_msg(timeout=remaining)
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                text += content["text"]
-            elif kind == "error":
-                error = content
-            elif kind in ("execute_result", "display_data"):
-                text += content["data"].get("text/plain", "")
-            elif kind == "status" and content["execution_state"] == "idle":
-                return text, error
-            if until is not None and until(text):
-                return text, error
-
-    def reply(self, msg_id: str, timeout: float = CELL_TIMEOUT_S) -> dict:
-        """The shell reply to `msg_id` (earlier replies are skipped)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"no reply within {timeout} s"
-            msg = self.client.get_shell_msg(timeout=remaining)
-            if msg["parent_header"].get("msg_id") == msg_id:
-                return msg
-
-    def run(self, code: str, timeout: float = CELL_TIMEOUT_S):
-        msg_id = self.send(code)
-        outputs = self.collect(msg_id, timeout=timeout)
-        self.reply(msg_id, timeout=timeout)
-        return outputs
+Kernel = KernelClient  # the name tests/jupyter/test_debugger.py (and others) import from here
 
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     km = start_kernel_manager(tmp_path_factory.mktemp("jupyter"))
-    pids: list[int] = []
-    k = None
-    try:
-        k = Kernel(km)
-        text, error = k.run(f"%load_ext {EXTENSION}\n%dist start -n 2")
-        assert error is None, error
-        text, error = k.run(
-            "from nbdist.magics import current_cluster\nprint('PIDS', *current_cluster().processes)"
-        )
-        pids = [int(p) for p in text.split("PIDS", 1)[1].split()]
-        k.pids = pids
+    with cluster_kernel(km, f"%load_ext {EXTENSION}\n%dist start -n 2") as k:
         yield k
-    finally:
-        # `%dist stop` through the kernel's own client, then its channels closed (stopping the
-        # channels of another client first left `%dist stop` without a reply for 60 s).
-        if k is not None and km.is_alive():
-            with contextlib.suppress(Exception):
-                k.run("%dist stop", timeout=60)
-        if k is not None:
-            with contextlib.suppress(Exception):
-                k.client.stop_channels()
-        km.shutdown_kernel(now=True)
-        for pid in pids:  # never leave anything behind, even when a test fails
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
 
 
 @pytest.mark.parametrize("path", list(BLOCKING))

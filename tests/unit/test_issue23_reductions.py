@@ -1,6 +1,6 @@
 """Issue 23: reductions that gave a wrong value with no error, in one process (the gloo path is
 tests/dist/test_multi_worker_errors.py, the notebook's `cluster.strategy.reduce`
-tests/cluster/test_cluster.py).
+tests/cluster/one_cluster/test_runs.py).
 
 - Bool tensors are refused by every reduction (Note [Bool reductions] in nbdist/core/reduce/op.py),
 as

@@ -20,7 +20,7 @@ from typing import Any
 from nbdist.cluster.engine_side import state
 from nbdist.cluster.engine_side.health import group_prefix
 
-__all__ = ["bootstrap", "cores", "describe"]
+__all__ = ["bootstrap", "cores", "describe", "torchrun_environment"]
 
 
 def describe(controller: str = "127.0.0.1") -> dict[str, Any]:
@@ -45,6 +45,28 @@ def describe(controller: str = "127.0.0.1") -> dict[str, Any]:
     }
 
 
+def torchrun_environment(config: dict[str, Any]) -> dict[str, str]:
+    """The torchrun variables of this engine's place in the group (`rank`, `world_size`,
+    `local_rank`, `local_world_size`, `master_addr`, `master_port` of `config`), set in
+    `os.environ` too; at bootstrap and again at each resize (`resize.regroup`).
+
+    Example (changes this process's environment, so not run here)::
+
+        env = torchrun_environment({"rank": 0, "world_size": 2, ...})
+        env["RANK"], os.environ["WORLD_SIZE"]       # ('0', '2')
+    """
+    env = {
+        "RANK": str(config["rank"]),
+        "WORLD_SIZE": str(config["world_size"]),
+        "LOCAL_RANK": str(config["local_rank"]),
+        "LOCAL_WORLD_SIZE": str(config["local_world_size"]),
+        "MASTER_ADDR": str(config["master_addr"]),
+        "MASTER_PORT": str(config["master_port"]),
+    }
+    os.environ.update(env)
+    return env
+
+
 def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     """Join the engines' process group and create the engine's strategy.
 
@@ -58,16 +80,8 @@ def bootstrap(config: dict[str, Any]) -> dict[str, Any]:
     or with `config["strategy"] == "fully_sharded"` a `FullyShardedStrategy`.
     """
     namespace = state.namespace()
-    env = {
-        "RANK": str(config["rank"]),
-        "WORLD_SIZE": str(config["world_size"]),
-        "LOCAL_RANK": str(config["local_rank"]),
-        "LOCAL_WORLD_SIZE": str(config["local_world_size"]),
-        "MASTER_ADDR": str(config["master_addr"]),
-        "MASTER_PORT": str(config["master_port"]),
-    }
     os.environ.pop("TF_CONFIG", None)
-    os.environ.update(env)
+    env = torchrun_environment(config)
     # the store listens on the rendezvous address only (Note [A store on one address])
     os.environ["NBDIST_BIND_STORE"] = "1"
     store_peers(config)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import pickle
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ import cloudpickle
 from nbdist.cluster import _wire
 from nbdist.cluster.engine_side import state
 from nbdist.cluster.engine_side.health import group_prefix
+from nbdist.cluster.engine_side.joining import store_peers, torchrun_environment
 
 __all__ = ["adopt", "follow", "prepare", "regroup", "settle", "snapshot"]
 
@@ -124,7 +124,8 @@ def regroup(config: dict[str, Any]) -> dict[str, Any]:
         with _sigint_ignored():
             from nbdist.cluster_resolver import TorchrunClusterResolver
 
-            env = _environment(config)
+            env = torchrun_environment(config)
+            store_peers(config)  # the machines the store lets in (Note [Store peers])
             strategy = state.strategy()
             strategy.resize_group(
                 rank=int(config["rank"]), world_size=int(config["world_size"]),
@@ -139,23 +140,6 @@ def regroup(config: dict[str, Any]) -> dict[str, Any]:
         return _ok({"prefix": group_prefix(), "device": str(strategy.extended.worker_devices[0])})
     except BaseException as error:
         return _wire.failure(error, "forming the process group at the new size")
-
-
-def _environment(config: dict[str, Any]) -> dict[str, str]:
-    """The torchrun variables of the new place (set in `os.environ` too, as at bootstrap)."""
-    env = {
-        "RANK": str(config["rank"]),
-        "WORLD_SIZE": str(config["world_size"]),
-        "LOCAL_RANK": str(config["local_rank"]),
-        "LOCAL_WORLD_SIZE": str(config["local_world_size"]),
-        "MASTER_ADDR": str(config["master_addr"]),
-        "MASTER_PORT": str(config["master_port"]),
-    }
-    os.environ.update(env)
-    from nbdist.cluster.engine_side.joining import store_peers
-
-    store_peers(config)
-    return env
 
 
 # -- snapshot and adopt (Note [State that follows]) ----------------------------------------
