@@ -23,6 +23,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from nbdist._private_api import launcher_has_exited
 from nbdist.cluster.launch.processes import ProcessSet
 from nbdist.cluster.launch.stop_log import launchers_of, quiet_stop_log, write_log
 from nbdist.cluster.status import EngineInfo
@@ -38,6 +39,15 @@ REAP_GRACE_S = 1.0
 live_clusters: weakref.WeakSet[Any] = weakref.WeakSet()
 """The clusters started and not stopped yet (`Cluster.start` adds, `_teardown` discards)."""
 _atexit_registered = False
+
+
+def _engine_launchers(ipp: Any) -> list[Any]:
+    """Every engine launcher of an ipyparallel cluster's engine sets (one per ssh engine)."""
+    return [
+        launcher
+        for engine_set in list(getattr(ipp, "engines", {}).values())
+        for launcher in getattr(engine_set, "launchers", {}).values()
+    ]
 
 
 def _stop_all_at_exit() -> None:
@@ -91,12 +101,19 @@ class Stopping:
                 # Engines on other hosts exit when asked through the controller; ipyparallel's
                 # ssh stop then finds them gone instead of signalling each over ssh. Not
                 # `block=True`: an engine whose host dropped off never replies, and that wait
-                # has no end; the engines' unregistration is waited for, SSH_SHUTDOWN_S at most.
+                # has no end; the engines' unregistration or exit is waited for,
+                # SSH_SHUTDOWN_S at most. (An engine that exits unregisters only once its
+                # heartbeats are missed, up to 10 s later; its launcher sees it exit at once.)
                 with contextlib.suppress(Exception):
+                    engines = _engine_launchers(self._ipp)
                     self._client.shutdown(hub=False, block=False)
                     deadline = time.monotonic() + min(self._plan.timeout, SSH_SHUTDOWN_S)
-                    while self._client.ids and time.monotonic() < deadline:
-                        time.sleep(0.05)  # polling the registrations (bounded by the deadline)
+                    while (
+                        self._client.ids
+                        and not (engines and all(map(launcher_has_exited, engines)))
+                        and time.monotonic() < deadline
+                    ):
+                        time.sleep(0.05)  # polling (bounded by the deadline)
             with contextlib.suppress(Exception):
                 self._client.close()
         if self._ipp is not None:
