@@ -53,6 +53,10 @@ _SWITCH_AFTER_S = 1.0
 goes back to the waiting loop (or to another stopped replica's prompt)."""
 _WATCH_S = 0.05
 _consoles: weakref.WeakValueDictionary[int, DebugConsole] = weakref.WeakValueDictionary()
+visual_debugger: list[Callable[[int, socket.socket], None]] = []
+"""Where a replica stopped by the visual debugger's breakpoints goes (`engine_side.dap`):
+`sink(replica, connection)`, set by the notebook kernel's bridge
+(`nbdist.magics._visual_debugger`); without one, such a stop gets the prompt."""
 
 
 def debug_notes(cluster: Any) -> dict[int, str]:
@@ -161,6 +165,11 @@ class DebugConsole:
                 if announced is None or (info.id, announced.get("seq")) in self._seen:
                     continue
                 self._seen.add((info.id, announced.get("seq")))
+                if announced.get("visual") and visual_debugger:
+                    connection = self._open(announced)
+                    if connection is not None:
+                        visual_debugger[-1](info.rank, connection)
+                    continue
                 session = self._connect(info, announced)
                 if session is not None:
                     with self._lock:
@@ -179,6 +188,12 @@ class DebugConsole:
         return None
 
     def _connect(self, info: EngineInfo, announced: dict[str, Any]) -> _Session | None:
+        connection = self._open(announced)
+        if connection is None:
+            return None
+        return _Session(info.rank, connection, str(announced.get("why", "breakpoint()")))
+
+    def _open(self, announced: dict[str, Any]) -> socket.socket | None:
         try:
             connection = socket.create_connection(
                 (announced["address"], int(announced["port"])), timeout=5.0
@@ -187,7 +202,7 @@ class DebugConsole:
             connection.settimeout(None)
         except (OSError, KeyError, ValueError):
             return None
-        return _Session(info.rank, connection, str(announced.get("why", "breakpoint()")))
+        return connection
 
     # -- the prompt (the notebook's main thread) ---------------------------------------------
     def poll(self) -> float:
