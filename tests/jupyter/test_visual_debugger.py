@@ -61,7 +61,8 @@ class Dap:
         deadline = time.monotonic() + timeout
         while True:
             for i, event in enumerate(self.events):
-                if event["event"] == name and all(event["body"].get(k) == v for k, v in body.items()):
+                wanted = all(event["body"].get(k) == v for k, v in body.items())
+                if event["event"] == name and wanted:
                     return self.events.pop(i)
             left = deadline - time.monotonic()
             assert left > 0, f"no {name} event {body} within {timeout} s; got {self.events}"
@@ -81,7 +82,7 @@ def kernel(tmp_path_factory):
     k = None
     try:
         k = Kernel(km)
-        text, error = k.run(f"%load_ext {EXTENSION}\n%dist start -n 2")
+        _, error = k.run(f"%load_ext {EXTENSION}\n%dist start -n 2")
         assert error is None, error
         yield k
     finally:
