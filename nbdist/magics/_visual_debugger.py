@@ -270,6 +270,13 @@ class VisualDebugger:
             return self._variables(int(arguments["variablesReference"]))
         if command == "evaluate" and arguments.get("frameId") in self._frames:
             return self._evaluate(int(arguments["frameId"]), str(arguments.get("expression")))
+        if (
+            command == "continue"
+            and rank is None
+            and self._stopped()
+            and not self._kernel_stopped()
+        ):
+            rank = self._stopped()[0]  # JupyterLab 4 sends thread 1 once it forgot the replica
         if command == "continue" and rank is not None:
             single = bool(arguments.get("singleThread"))
             targets = [self._target(rank)] if single else self._stopped()
@@ -286,6 +293,10 @@ class VisualDebugger:
                 "`%dist stack`."
             )
         return None
+
+    def _kernel_stopped(self) -> bool:
+        """True when debugpy holds a thread of the kernel's own process."""
+        return bool(getattr(self.inner, "stopped_threads", None))
 
     def _stopped(self) -> list[int]:
         with self._lock:

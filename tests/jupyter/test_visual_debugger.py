@@ -61,7 +61,7 @@ class Dap:
         deadline = time.monotonic() + timeout
         while True:
             for i, event in enumerate(self.events):
-                wanted = all(event["body"].get(k) == v for k, v in body.items())
+                wanted = all(event.get("body", {}).get(k) == v for k, v in body.items())
                 if event["event"] == name and wanted:
                     return self.events.pop(i)
             left = deadline - time.monotonic()

@@ -39,11 +39,17 @@ import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from nbdist.errors import ContextError
+
 __all__ = ["Inspector", "line_breaks"]
 
 _VALUE_CHARS = 200
 _CHILDREN = 300  # items of a container shown at most
-_HIDDEN = {"In", "Out", "exit", "quit", "get_ipython", "_ih", "_oh", "_dh"}
+_HIDDEN = {"In", "Out", "exit", "quit", "get_ipython", "open"}  # IPython puts them in
+_MOVED_ON = (
+    "No {what} here: the replica has moved on since; click its frame in the Callstack panel "
+    "again to see where it is now."
+)
 _repr = reprlib.Repr()
 _repr.maxstring = _VALUE_CHARS
 _repr.maxother = _VALUE_CHARS
@@ -59,7 +65,7 @@ def line_breaks(filename: str, lines: Sequence[int]) -> Iterator[None]:
     from nbdist.cluster.engine_side.debugger import end_session, visual_session
 
     session = visual_session()
-    session.channel.inspector = Inspector(session)
+    session.channel.inspector = Inspector(session, filename)
     session.reset()
     for line in sorted({int(n) for n in lines}):
         session.set_break(filename, line)  # a blank line or comment: pdb refuses, never stops
@@ -77,8 +83,9 @@ class Inspector:
     """Answers the visual debugger's queries about a stopped `NotebookPdb`'s frames (see the
     module docstring)."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Any, filename: str = ""):
         self.session = session
+        self.filename = filename  # frames from its first one on are the user's call
         self.refs: dict[int, Any] = {}
         self._ids = itertools.count(1)
 
@@ -108,14 +115,18 @@ class Inspector:
     def _frame(self, index: int) -> types.FrameType:
         stack = self.session.stack
         if not 0 <= index < len(stack):
-            raise LookupError(f"no frame {index} (the replica has moved on)")
+            raise ContextError(_MOVED_ON.format(what=f"frame {index}"))
         return stack[index][0]
 
     def _stack(self) -> list[dict[str, Any]]:
         from nbdist.cluster.engine_side.debugger import _user_frame
 
         frames = []
-        for index in range(len(self.session.stack) - 1, -1, -1):
+        stack = self.session.stack
+        first = next(
+            (i for i, (f, _) in enumerate(stack) if f.f_code.co_filename == self.filename), 0
+        )
+        for index in range(len(stack) - 1, first - 1, -1):
             frame, line = self.session.stack[index]
             if _user_frame(frame):
                 code = frame.f_code
@@ -136,7 +147,7 @@ class Inspector:
 
     def _variables(self, ref: int) -> list[dict[str, Any]]:
         if ref not in self.refs:
-            raise LookupError(f"no variables {ref} (the replica has moved on)")
+            raise ContextError(_MOVED_ON.format(what=f"variables {ref}"))
         return [self._describe(name, value) for name, value in _children(self.refs[ref])]
 
     def _evaluate(self, index: int, expression: str) -> dict[str, Any]:

@@ -294,11 +294,10 @@ class _In(io.TextIOBase):
         return True
 
     def readline(self, size: int | None = -1) -> str:
-        stop = "c\n" if self._channel.failed else "q\n"  # no notebook came: go on
-        if self._channel.closed:
-            return stop
-        line = self._channel.ask("pdb")
-        return line + "\n" if not self._channel.closed else stop
+        line = "" if self._channel.closed else self._channel.ask("pdb")
+        if not self._channel.closed:
+            return line + "\n"
+        return "c\n" if self._channel.failed else "q\n"  # no notebook came: go on
 
 
 class NotebookPdb(pdb.Pdb):
