@@ -95,6 +95,21 @@ def kernel(tmp_path_factory):
         km.shutdown_kernel(now=True)
 
 
+@pytest.fixture(scope="module")
+def dap(kernel):
+    """One debugger session for the module, as JupyterLab keeps one while it is switched on
+    (ipykernel 7.4's debugger answers no second `initialize` after a `disconnect`, with or
+    without nbdist): the last test disconnects."""
+    session = Dap(kernel)
+    assert session.request(
+        "initialize", clientID="test", adapterID="python", pathFormat="path",
+        linesStartAt1=True, columnsStartAt1=True,
+    )["success"]  # fmt: skip
+    assert session.request("attach")["success"]
+    assert session.request("configurationDone")["success"]
+    return session
+
+
 def _variables(dap: Dap, frame_id: int) -> dict[str, str]:
     scopes = dap.request("scopes", frameId=frame_id)
     assert scopes["success"], scopes
@@ -106,17 +121,10 @@ def _variables(dap: Dap, frame_id: int) -> dict[str, str]:
     return found
 
 
-def test_a_breakpoint_in_a_distribute_cell_stops_both_replicas_in_the_visual_debugger(kernel):
-    dap = Dap(kernel)
-    assert dap.request(
-        "initialize", clientID="test", adapterID="python", pathFormat="path",
-        linesStartAt1=True, columnsStartAt1=True,
-    )["success"]  # fmt: skip
-    assert dap.request("attach")["success"]
+def test_a_breakpoint_in_a_distribute_cell_stops_both_replicas_in_the_visual_debugger(kernel, dap):
     path = dap.request("dumpCell", code=CELL)["body"]["sourcePath"]
     reply = dap.request("setBreakpoints", source={"path": path}, breakpoints=[{"line": 4}])
     assert reply["success"], reply
-    assert dap.request("configurationDone")["success"]
     msg_id = kernel.send(CELL)
     try:
         for rank in (0, 1):
@@ -158,8 +166,41 @@ def test_a_breakpoint_in_a_distribute_cell_stops_both_replicas_in_the_visual_deb
         text, error = kernel.collect(msg_id, timeout=CELL_TIMEOUT_S)
         assert error is None, error
         assert "PerReplica:{0: (10, 11, 32.0), 1: (20, 21, 32.0)}" in "".join(dap.output) + text
-    finally:
-        dap.request("disconnect", restart=False, terminateDebuggee=True)
-    # without the debugger, the same cell runs through
+    finally:  # the breakpoint removed (a click in the gutter again)
+        assert dap.request("setBreakpoints", source={"path": path}, breakpoints=[])["success"]
+    # without the breakpoint, the same cell runs through
     text, error = kernel.run(CELL)
     assert error is None and "PerReplica:{0: (10, 11, 32.0)" in text, (text, error)
+
+
+LOOP = "%%distribute\nsteps = 0\nfor i in range(3):\n    steps += 1\nsteps * 100 + rank"
+
+
+def test_switching_the_debugger_off_lets_stopped_replicas_go_on(kernel, dap):
+    """A breakpoint in a loop stops each replica again at each pass; `pause` of a replica is
+    refused with the reason; `disconnect` (the bug button off) forgets the breakpoints on the
+    engines and the cell finishes."""
+    path = dap.request("dumpCell", code=LOOP)["body"]["sourcePath"]
+    assert dap.request("setBreakpoints", source={"path": path}, breakpoints=[{"line": 4}])[
+        "success"
+    ]
+    msg_id = kernel.send(LOOP)
+    try:
+        dap.event("stopped", threadId=THREAD_BASE + 1)
+        dap.event("stopped", threadId=THREAD_BASE)
+        # continue only replica 1: it stops at the next pass, replica 0 stays
+        reply = dap.request("continue", threadId=THREAD_BASE + 1, singleThread=True)
+        assert reply["success"] and not reply["body"]["allThreadsContinued"], reply
+        dap.event("stopped", threadId=THREAD_BASE + 1)
+        frames = dap.request("stackTrace", threadId=THREAD_BASE + 1)["body"]["stackFrames"]
+        assert _variables(dap, frames[0]["id"])["i"] == "1"
+        zero = next(f for f in frames if f["name"].startswith("replica 0"))
+        assert _variables(dap, zero["id"])["i"] == "0"
+
+        refused = dap.request("pause", threadId=THREAD_BASE + 1)
+        assert not refused["success"] and "%dist stack" in refused["message"], refused
+    finally:
+        assert dap.request("disconnect", restart=False, terminateDebuggee=True)["success"]
+    text, error = kernel.collect(msg_id, timeout=CELL_TIMEOUT_S)
+    assert error is None, error
+    assert "PerReplica:{0: 300, 1: 301}" in "".join(dap.output) + text, (dap.output, text)
