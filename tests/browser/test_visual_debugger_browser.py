@@ -69,13 +69,18 @@ def test_the_visual_debugger_stops_both_replicas_in_jupyterlab(tmp_path):
                 state="visible", timeout=120_000
             )
         variables = page.page.locator(".jp-DebuggerVariables")
-        variables.get_by_text("x", exact=True).first.wait_for(state="visible", timeout=60_000)
+        variables.get_by_text("20", exact=True).first.wait_for(state="visible", timeout=60_000)
         shot = tmp_path / "debugger-visual.png"
         page.screenshot(shot, full_page=False)
         assert shot.stat().st_size > 20_000
         if UPDATE_IMAGES:
             IMAGES.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(shot, IMAGES / shot.name)
+
+        # choosing replica 0: click its frame; the Variables panel shows its x
+        frames.get_by_text("replica 0: <module>").first.click()
+        variables.get_by_text("10", exact=True).first.wait_for(state="visible", timeout=60_000)
+        assert variables.get_by_text("20", exact=True).count() == 0
 
         page.page.evaluate(  # the Continue button (F9); not waiting for its promise
             "() => { window.jupyterapp.commands.execute('debugger:continue'); return null; }"
