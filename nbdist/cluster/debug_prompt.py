@@ -155,6 +155,7 @@ class DebugConsole:
         self._line_start: dict[int, bool] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None  # started by the first `poll`
+        self._visual: list[socket.socket] = []  # handed to the visual debugger
         _consoles[id(cluster)] = self
 
     # -- attaching (a thread) ---------------------------------------------------------------
@@ -168,6 +169,7 @@ class DebugConsole:
                 if announced.get("visual") and visual_debugger:
                     connection = self._open(announced)
                     if connection is not None:
+                        self._visual.append(connection)
                         visual_debugger[-1](info.rank, connection)
                     continue
                 session = self._connect(info, announced)
@@ -256,6 +258,9 @@ class DebugConsole:
             sessions, self.sessions = list(self.sessions.values()), {}
         for session in sessions:
             session.close()
+        for connection in self._visual:  # (Ctrl-C) a replica still stopped leaves pdb
+            with contextlib.suppress(OSError):
+                connection.sendall(b'{"leave": true}\n')
         if _consoles.get(id(self.cluster)) is self:
             del _consoles[id(self.cluster)]
 

@@ -173,6 +173,26 @@ def test_a_breakpoint_in_a_distribute_cell_stops_both_replicas_in_the_visual_deb
     assert error is None and "PerReplica:{0: (10, 11, 32.0)" in text, (text, error)
 
 
+def test_interrupting_the_cell_while_replicas_are_stopped(kernel, dap):
+    """The stop button while both replicas are stopped in the visual debugger interrupts the
+    cell as anywhere else (ClusterInterrupted), and the cluster runs the next cell."""
+    path = dap.request("dumpCell", code=CELL)["body"]["sourcePath"]
+    assert dap.request("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])[
+        "success"
+    ]
+    msg_id = kernel.send(CELL)
+    try:
+        for rank in (0, 1):
+            dap.event("stopped", threadId=THREAD_BASE + rank)
+        kernel.km.interrupt_kernel()
+        text, error = kernel.collect(msg_id, timeout=CELL_TIMEOUT_S)
+        assert error is not None and error["ename"] == "ClusterInterrupted", (text, error)
+    finally:
+        assert dap.request("setBreakpoints", source={"path": path}, breakpoints=[])["success"]
+    text, error = kernel.run(CELL)
+    assert error is None and "PerReplica:{0: (10, 11, 32.0)" in text, (text, error)
+
+
 LOOP = "%%distribute\nsteps = 0\nfor i in range(3):\n    steps += 1\nsteps * 100 + rank"
 
 
