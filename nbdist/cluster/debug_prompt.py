@@ -53,6 +53,10 @@ _SWITCH_AFTER_S = 1.0
 goes back to the waiting loop (or to another stopped replica's prompt)."""
 _WATCH_S = 0.05
 _consoles: weakref.WeakValueDictionary[int, DebugConsole] = weakref.WeakValueDictionary()
+visual_debugger: list[Callable[[int, socket.socket], None]] = []
+"""Where a replica stopped by the visual debugger's breakpoints goes (`engine_side.dap`):
+`sink(replica, connection)`, set by the notebook kernel's bridge
+(`nbdist.magics._visual_debugger`); without one, such a stop gets the prompt."""
 
 
 def debug_notes(cluster: Any) -> dict[int, str]:
@@ -151,6 +155,7 @@ class DebugConsole:
         self._line_start: dict[int, bool] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None  # started by the first `poll`
+        self._visual: list[socket.socket] = []  # handed to the visual debugger
         _consoles[id(cluster)] = self
 
     # -- attaching (a thread) ---------------------------------------------------------------
@@ -161,6 +166,12 @@ class DebugConsole:
                 if announced is None or (info.id, announced.get("seq")) in self._seen:
                     continue
                 self._seen.add((info.id, announced.get("seq")))
+                if announced.get("visual") and visual_debugger:
+                    connection = self._open(announced)
+                    if connection is not None:
+                        self._visual.append(connection)
+                        visual_debugger[-1](info.rank, connection)
+                    continue
                 session = self._connect(info, announced)
                 if session is not None:
                     with self._lock:
@@ -179,6 +190,12 @@ class DebugConsole:
         return None
 
     def _connect(self, info: EngineInfo, announced: dict[str, Any]) -> _Session | None:
+        connection = self._open(announced)
+        if connection is None:
+            return None
+        return _Session(info.rank, connection, str(announced.get("why", "breakpoint()")))
+
+    def _open(self, announced: dict[str, Any]) -> socket.socket | None:
         try:
             connection = socket.create_connection(
                 (announced["address"], int(announced["port"])), timeout=5.0
@@ -187,7 +204,7 @@ class DebugConsole:
             connection.settimeout(None)
         except (OSError, KeyError, ValueError):
             return None
-        return _Session(info.rank, connection, str(announced.get("why", "breakpoint()")))
+        return connection
 
     # -- the prompt (the notebook's main thread) ---------------------------------------------
     def poll(self) -> float:
@@ -241,6 +258,9 @@ class DebugConsole:
             sessions, self.sessions = list(self.sessions.values()), {}
         for session in sessions:
             session.close()
+        for connection in self._visual:  # (Ctrl-C) a replica still stopped leaves pdb
+            with contextlib.suppress(OSError):
+                connection.sendall(b'{"leave": true}\n')
         if _consoles.get(id(self.cluster)) is self:
             del _consoles[id(self.cluster)]
 

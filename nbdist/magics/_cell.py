@@ -24,11 +24,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from IPython import get_ipython
+
 from nbdist.cluster import cell_names
 from nbdist.cluster.engine_side.cell import run_cell
 from nbdist.cluster.output import OutputPrinter
 from nbdist.cluster.supervisor import Call, supervise
 from nbdist.core.values import PerReplica
+from nbdist.magics import _visual_debugger
 from nbdist.magics._cell_printer import CellPrinter
 from nbdist.magics._modes import OUTPUT_MODES, PREFIXED_UP_TO
 
@@ -129,6 +132,8 @@ def distribute_cell(
     filename = f"<distribute-cell-{next(_counter)}>"
     source = cell_names.numbered_like_the_editor(filename, cell, python_source(cell))
     compile(source, filename, "exec")  # raised once, here, not by every engine
+    lines = _visual_debugger.breakpoints_for(get_ipython(), filename, cell)
+    extra = (filename, lines) if lines else (filename,)  # JupyterLab's breakpoints, if any
     with cluster.turn("The cell", timeout) as deadline:  # Note [One call at a time]
         engines = list(cluster.engines)
         if targets is not None:
@@ -141,7 +146,7 @@ def distribute_cell(
         printer = printer_for(resolve_output(output, len(engines)))
         chosen = {info.rank for info in engines}
         replies = supervise(
-            cluster, engines, run_cell, source, filename, call=_CELL, timeout=timeout,
+            cluster, engines, run_cell, source, *extra, call=_CELL, timeout=timeout,
             deadline=deadline, printer=printer,
             bystanders=[info for info in cluster.engines if info.rank not in chosen],
         )  # fmt: skip

@@ -589,6 +589,9 @@ def load(shell: Any) -> DistMagics:
     from nbdist.magics import _complete
 
     _complete.install(shell, magics)  # Tab and Shift+Tab from replica 0's namespace
+    from nbdist.magics import _visual_debugger
+
+    _visual_debugger.install(shell)  # JupyterLab's debugger stops replicas too
     return magics
 
 
@@ -597,6 +600,9 @@ def unload(shell: Any) -> None:
     from nbdist.magics import _complete
 
     _complete.uninstall(shell)
+    from nbdist.magics import _visual_debugger
+
+    _visual_debugger.uninstall(shell)
     for magics in list(_instances):
         if magics.shell is shell:
             if _auto_transform in shell.input_transformers_cleanup:

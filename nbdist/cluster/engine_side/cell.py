@@ -19,6 +19,7 @@ import ast
 import contextlib
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from nbdist.cluster import _wire
@@ -27,10 +28,12 @@ from nbdist.cluster.engine_side.progress import reset_bars
 __all__ = ["run_cell", "show_figures"]
 
 
-def run_cell(code: str, filename: str) -> dict[str, Any]:
-    """Execute `code` in the engine's namespace; reply with the last expression's value."""
+def run_cell(code: str, filename: str, lines: Sequence[int] = ()) -> dict[str, Any]:
+    """Execute `code` in the engine's namespace; reply with the last expression's value.
+    `lines`: JupyterLab's breakpoints in the cell (`engine_side.dap.line_breaks`)."""
     import linecache
 
+    from nbdist.cluster.engine_side.dap import line_breaks
     from nbdist.cluster.engine_side.guards import noting_the_group, watched_call
 
     start = time.perf_counter()
@@ -53,7 +56,7 @@ def run_cell(code: str, filename: str) -> dict[str, Any]:
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr) and not _silenced(code):
             last = ast.Expression(tree.body.pop().value)
-        with watched_call():
+        with watched_call(), line_breaks(filename, lines):
             exec(compile(tree, filename, "exec"), namespace)
             value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
         show_figures()

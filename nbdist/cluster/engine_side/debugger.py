@@ -57,10 +57,12 @@ __all__ = [
     "DEBUG_KEY",
     "NotebookPdb",
     "breakpoints",
+    "end_session",
     "hook",
     "post_mortem",
     "remember_failure",
     "stop_here",
+    "visual_session",
 ]
 
 DEBUG_KEY = "nbdist_debug"
@@ -115,6 +117,22 @@ def stop_here(frame: FrameType | None, why: str) -> None:  # also `hook.stop_her
 hook.stop_here = stop_here  # type: ignore[attr-defined]  # nd.breakpoint() finds it here
 
 
+def visual_session() -> NotebookPdb:
+    """A session for the visual debugger's line breakpoints (`engine_side.dap`), made this
+    engine's session (so `breakpoint()` stops in it too); it attaches when a replica stops."""
+    session = NotebookPdb(_LazyChannel("breakpoint", visual=True))
+    _last["session"] = session
+    return session
+
+
+def end_session(session: NotebookPdb) -> None:
+    """End `session` (with its breakpoints) if it is still this engine's session."""
+    if _last["session"] is session:
+        _end_session("the call ended")
+    else:
+        session.clear_all_breaks()
+
+
 def post_mortem(_request: Any = None) -> dict[str, Any]:
     """Open the notebook's prompt in the frames of this engine's last failure (`%dist debug`
     sends this by reference through `supervise`); a reply dict, as the other entry points."""
@@ -156,6 +174,8 @@ class _Channel:
         self.connection = connection
         self.reader = connection.makefile("r", encoding="utf-8", newline="\n")
         self.closed = False
+        self.failed = False  # no notebook attached (`_LazyChannel`): the code goes on
+        self.inspector: Any = None  # answers the visual debugger's queries (`engine_side.dap`)
 
     def send(self, message: dict[str, Any]) -> None:
         if self.closed:
@@ -175,18 +195,28 @@ class _Channel:
 
         if self.closed:
             return ""
+        if self.inspector is not None:
+            self.inspector.reset()  # a new stop: the refs of the last one are stale
         with held():  # Note [Held replicas]: the peers' collective timeouts pause
             self.send({"ask": kind})
-            try:
-                line = self.reader.readline()
-            except OSError:
-                line = ""
+            while True:
+                try:
+                    line = self.reader.readline()
+                except OSError:
+                    line = ""
+                if not line:
+                    break
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    return ""
+                if "query" not in message or self.inspector is None:
+                    break
+                # the visual debugger asks about frames and variables while pdb waits
+                self.send({"answer": self.inspector.answer(message["query"]),
+                           "id": message.get("id")})  # fmt: skip
         if not line:
             self.closed = True
-            return ""
-        try:
-            message = json.loads(line)
-        except ValueError:
             return ""
         if message.get("leave"):
             self.closed = True
@@ -200,6 +230,43 @@ class _Channel:
         with contextlib.suppress(OSError):
             self.reader.close()
             self.connection.close()
+
+
+class _LazyChannel(_Channel):
+    """A channel that attaches to the notebook on its first use: the session of the visual
+    debugger's line breakpoints (`engine_side.dap`) exists before any replica stops, and most
+    calls never stop. Without a notebook it is `failed`, and pdb continues (see `_In`)."""
+
+    def __init__(self, why: str, visual: bool = False):  # no super(): no socket yet
+        self.connection = None  # type: ignore[assignment]
+        self.reader = None  # type: ignore[assignment]
+        self.closed = False
+        self.failed = False
+        self.inspector = None
+        self._why = why
+        self._visual = visual
+
+    def _attached(self) -> bool:
+        if self.connection is None and not self.closed:
+            channel = _attach(self._why, visual=self._visual)
+            if channel is None:
+                self.closed = self.failed = True
+                return False
+            self.connection, self.reader = channel.connection, channel.reader
+        return not self.closed
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self._attached():
+            super().send(message)
+
+    def ask(self, kind: str) -> str:
+        return super().ask(kind) if self._attached() else ""
+
+    def close(self, why: str) -> None:
+        if self.connection is None:
+            self.closed = True
+            return
+        super().close(why)
 
 
 class _Out(io.TextIOBase):
@@ -227,10 +294,10 @@ class _In(io.TextIOBase):
         return True
 
     def readline(self, size: int | None = -1) -> str:
-        if self._channel.closed:
-            return "q\n"
-        line = self._channel.ask("pdb")
-        return line + "\n" if not self._channel.closed else "q\n"
+        line = "" if self._channel.closed else self._channel.ask("pdb")
+        if not self._channel.closed:
+            return line + "\n"
+        return "c\n" if self._channel.failed else "q\n"  # no notebook came: go on
 
 
 class NotebookPdb(pdb.Pdb):
@@ -247,6 +314,8 @@ class NotebookPdb(pdb.Pdb):
         return self.channel.closed
 
     def set_continue(self) -> None:
+        if self.channel.failed:  # no notebook attached: nothing may stop here again
+            self.clear_all_breaks()
         super().set_continue()
         if not self.breaks:  # nothing else can stop here: the session is over
             self.channel.close("continued")
@@ -314,8 +383,9 @@ class _Console(code.InteractiveConsole):
         self.write("".join(traceback.format_exception_only(kind, value)))
 
 
-def _attach(why: str) -> _Channel | None:
-    """Announce this stop to the notebook and wait for it to connect (held meanwhile)."""
+def _attach(why: str, visual: bool = False) -> _Channel | None:
+    """Announce this stop to the notebook and wait for it to connect (held meanwhile);
+    `visual`: the stop is JupyterLab's visual debugger's (`engine_side.dap`), not a prompt's."""
     from nbdist.collectives.held import held
 
     rank = state.rank()
@@ -331,7 +401,7 @@ def _attach(why: str) -> _Channel | None:
             publish_data({DEBUG_KEY: {
                 "seq": next(_seq), "replica": rank, "address": bind,
                 "port": listener.getsockname()[1], "token": token, "why": why,
-                "pid": os.getpid(), "time": time.time(),
+                "pid": os.getpid(), "time": time.time(), "visual": visual,
             }})  # fmt: skip
         except Exception:
             return _no_notebook(rank, why)
@@ -375,6 +445,7 @@ def _end_session(why: str) -> None:
     _last["session"] = None
     if session is not None:
         sys.settrace(None)
+        session.clear_all_breaks()  # pdb's breakpoints are global (bdb.Breakpoint.bplist)
         session.channel.close(why)
 
 
