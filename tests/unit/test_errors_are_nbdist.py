@@ -45,6 +45,14 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "the iterator protocol's end of data: __next__ returns get_next(), and for-loops and "
         "next(it, default) stop on StopIteration"
     ),
+    ("cluster/launch/ssh_launcher.py", "wait_one", "TimeoutError"): (
+        "ipyparallel's launcher protocol: its wait thread and join() catch TimeoutError from "
+        "wait_one (still running), as from its own wait_one; never reaches a user"
+    ),
+    ("cluster/launch/ssh_launcher.py", "wait_one", "RuntimeError"): (
+        "ipyparallel's launcher protocol: an unreadable answer from the host, raised as "
+        "ipyparallel's own wait_one raises it (its wait thread ends on it)"
+    ),
     ("app/interrupts.py", "_note_and_raise", "KeyboardInterrupt"): _CTRL_C,
     ("app/interrupts.py", "raise_if_interrupted", "KeyboardInterrupt"): _CTRL_C,
     ("cluster/engine_side/guards.py", "_on_sigint", "KeyboardInterrupt"): _CTRL_C,
