@@ -24,7 +24,7 @@ def test_the_package_holds_one_module_per_job():
     names = {name.rsplit(".", 1)[1] for name in MODULES}
     assert names == {
         "state", "joining", "entry_points", "cell", "health", "failures", "publisher", "guards",
-        "progress", "stacks", "resize", "debugger", "completion", "user_code",
+        "progress", "stacks", "resize", "debugger", "completion", "user_code", "dap",
     }
 
 

@@ -7,7 +7,6 @@ package's (conftest.py).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
@@ -134,7 +133,10 @@ def test_a_missing_remote_name_is_named(cluster):
 
 
 def test_a_name_only_the_notebook_has_gets_a_hint(cluster, monkeypatch):
-    monkeypatch.setitem(sys.modules["__main__"].__dict__, "only_in_the_notebook", 1)
+    # the notebook's namespace as the function sees it: `@interactive` bound its globals to
+    # `__main__` when this module was imported (an IPython shell that another test of this
+    # process started since has replaced sys.modules["__main__"])
+    monkeypatch.setitem(uses_notebook_only_name.__globals__, "only_in_the_notebook", 1)
     with pytest.raises(RemoteError, match=r"cluster.push\(\{'only_in_the_notebook'"):
         cluster.strategy.run(uses_notebook_only_name)
 
