@@ -11,6 +11,7 @@ import ipaddress
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,10 @@ def test_close_stops_every_process_and_removes_the_network():
         names = [h.netns for h in cluster.hosts.values()]
         veths = [h.veth for h in cluster.hosts.values()]
         sleeper = cluster.popen("h1", ["sleep", "600"])
-        on_h1 = cluster.pids("h1")
+        # `ip netns exec` enters the namespace after it starts: look until it has (bounded)
+        deadline = time.monotonic() + 30
+        while sleeper.pid not in (on_h1 := cluster.pids("h1")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the namespace's pids, not synchronising with a process
         assert sleeper.pid in on_h1 and cluster.sshd_pids["h1"] in on_h1
         pids = [pid for host in cluster.hosts for pid in cluster.pids(host)]
         folder = cluster.folder

@@ -177,7 +177,11 @@ def test_a_worker_host_cut_off_mid_training_its_closures_run_on_the_other(
     refused = kernel.execute("cluster.restart_worker(0)", allow_error=True)
     assert refused["error"]["ename"] == "InvalidArgumentError", refused
     assert "%dist restart" in refused["error"]["evalue"], refused
-    assert [workers[i] for i in pending] == [1] * len(pending)  # every one re-run on h2
+    # every one re-run on h2, except at most the one closure h1 was running at the cut: it may
+    # have finished just before, its value still on its way to the coordinator at the snapshot
+    on_h1 = [i for i in pending if workers[i] != 1]
+    assert len(on_h1) <= 1 and all(workers[i] == 0 for i in on_h1), [workers[i] for i in pending]
+    assert len(pending) - len(on_h1) >= 1
     assert accuracy >= TARGET
 
 
